@@ -14,12 +14,15 @@ import (
 // then its available capacity and debt move over, exactly once, so a
 // republished policy neither hands out a fresh burst nor forgets debt.
 //
-// The exception is debt p cannot take: while the current account owes debt
-// in a unit p does not limit, the subject does not switch. That account
-// stays current under its own policy (returned instead of p): it refills
-// (repays only, when its generation was rolled back), its debt freezes the
-// subject's admission whatever generation decides, and the subject
-// switches on the first command after the debt is repaid.
+// The exception is debt p cannot take: while any account of the subject
+// owes debt in a unit p does not limit (its owing set, settleOwing), the
+// subject does not switch. Its current account stays current under its
+// own policy (returned instead of p: ap != p means frozen): the owing
+// accounts refill to repay (only to repay in such a unit, or when their
+// generation was rolled back), their debt freezes the subject's admission
+// whatever generation decides, and the subject switches on the first
+// command after the last is repaid, taking what they still owe in units
+// p limits (releaseOwing).
 func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Policy, bool) {
 	account, ap, _, ok := switchTo(b, subject, p, now)
 	return account, ap, ok
@@ -32,7 +35,30 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: p.Generation}
 	if hasCurrent && currentGeneration == p.Generation {
 		account, ok := b.Account(key)
-		return account, p, nil, ok
+		// The hot path. Only an account that owes looks at the owing
+		// set: a rollback may have made it decide again while another
+		// of the subject's accounts owes debt it does not limit.
+		if !ok || !owes(account) || !hasOwing(b, subject) {
+			return account, p, nil, ok
+		}
+	}
+	var rest []uint64
+	if hasCurrent {
+		a, ap, frozen, left := settleOwing(b, subject, currentGeneration, p, now)
+		if frozen {
+			// An account of the subject owes debt p cannot take: the
+			// subject stays on its current account, such an owing one,
+			// until refill repays every such debt.
+			return a, ap, nil, true
+		}
+		rest = left
+		if currentGeneration == p.Generation {
+			account, ok := b.Account(key)
+			if ok {
+				releaseOwing(b, subject, rest, account, 0, now)
+			}
+			return account, p, nil, ok
+		}
 	}
 	var previous *Account
 	var previousPolicy *Policy
@@ -45,18 +71,8 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 				// Bring it to now under its own rule while it still
 				// holds the subject's capacity: it refills up to the
 				// switch, the new account from the switch on.
-				if owesDropped(previous, previousPolicy, p) && !mutantOn("dropped_debt_forgotten") {
-					bringOwingToNow(b, previous, previousPolicy, p, now)
-					b.AccountPut(previous)
-					if owesDropped(previous, previousPolicy, p) && !mutantOn("dropped_debt_forgotten") {
-						// p cannot take this debt: the owing account
-						// stays current until refill repays it.
-						return previous, previousPolicy, nil, true
-					}
-				} else {
-					bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
-					b.AccountPut(previous)
-				}
+				bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
+				b.AccountPut(previous)
 			}
 		}
 	}
@@ -83,6 +99,7 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 			":" + strconv.FormatUint(previous.Version, 10)
 		move = moveBetween(b, previous, account, MoveGenerationSwitch, receipt, now)
 	}
+	releaseOwing(b, subject, rest, account, currentGeneration, now)
 	return account, p, move, true
 }
 
@@ -124,6 +141,12 @@ func decidingAccount(b Book, subject PolicyKey, p, current *Policy, now time.Tim
 	return a
 }
 
+// owes reports whether a owes debt in any dimension.
+func owes(a *Account) bool {
+	_, debt := a.Debt()
+	return debt > 0
+}
+
 // owesDropped reports whether a (under its policy ap) owes debt in a unit
 // p does not limit: debt no move can take to p's account.
 func owesDropped(a *Account, ap, p *Policy) bool {
@@ -149,7 +172,7 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 			repayOnly |= 1 << i
 		}
 	}
-	if before, minted := refillUpTo(a, ap, now, repayOnly); minted {
+	if before, minted := refillUpTo(a, ap, now, repayOnly, 0); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
@@ -292,13 +315,12 @@ func isCurrent(b Book, a *Account) bool {
 // longer holds its subject's capacity to the subject's current account
 // (switching the subject to the active generation first if needed). The
 // receipt is "<kind>:<reservation id>": one reservation ends once, so it
-// forwards once. The caller has put account already. Debt in a unit the
-// current account does not limit stays on account, which becomes the
-// subject's current account again (makeCurrent): its refill repays the
-// debt at its own rate while the subject's admission is frozen. (When the
-// current account is itself such an owing account, it stays current and
-// debt in a unit it does not limit waits on account, which does not
-// refill: docs/ROLLOUT.md, Limitations.)
+// forwards once. The caller has put account already. Debt the current
+// account does not limit stays on account, which joins the subject's
+// owing set (markOwing): while it owes debt in a unit the deciding
+// generation does not limit the subject is frozen and its refill repays
+// that debt at its own rate; debt the deciding generation limits moves
+// to its account when the subject switches to it.
 func forward(b Book, account *Account, kind Kind, reservationID string, now time.Time) {
 	subject := account.Key.SubjectKey()
 	p, ok := activePolicy(b, subject)
@@ -317,15 +339,20 @@ func forward(b Book, account *Account, kind Kind, reservationID string, now time
 	if mutantOn("dropped_debt_forgotten") {
 		return
 	}
-	if tp != p {
-		// A refund forwarded to the owing current account may repay its
-		// debt: the subject switches at once (switchIfRepaid).
-		switchIfRepaid(b, target, tp, p, now)
+	a, ok := b.Account(account.Key)
+	if !ok {
 		return
 	}
-	if a, ap, err := accountFor(b, account.Key); err == nil && owesDropped(a, ap, tp) {
-		makeCurrent(b, a, now)
+	if owes(a) {
+		markOwing(b, a, now)
+	} else if tp == p {
+		return
 	}
+	// A refund forwarded to an owing current account may repay its
+	// debt, and debt left here may freeze the subject: decide now
+	// (settleOwing), so an account repaid switches at once and one that
+	// owes is brought to now from here on.
+	switchTo(b, subject, p, now)
 }
 
 // mint adds units to a balance: debt is repaid first, the rest becomes
@@ -341,16 +368,17 @@ func mint(bal *Balance, units Units) {
 
 // tick brings an account to now under its own policy p: closes elapsed
 // accounting epochs, and refills when the account is its subject's
-// current account and p was not rolled back (see bringToNow).
+// current account and p was not rolled back (see bringToNow). An account
+// that owes, when its generation no longer decides or its subject has an
+// owing set, is brought to now with the subject's owing accounts
+// (switchTo, settleOwing), which switches the subject once they are
+// repaid. Only an account that owes is looked at that way: the hot path
+// of a subject that owes nothing reads no policy and no set more.
 func tick(b Book, a *Account, p *Policy, now time.Time) {
 	current := p.Generation == a.Key.Generation && isCurrent(b, a)
-	if _, debt := a.Debt(); current && debt > 0 {
-		// A current account of a generation that no longer decides may
-		// owe debt the deciding one does not limit (currentAccount). Only
-		// an account that owes is looked at: the hot path of a subject
-		// that owes nothing reads no policy more.
-		if active, ok := activePolicy(b, a.Key.SubjectKey()); ok && active.Generation != p.Generation && owesDropped(a, p, active) && !mutantOn("dropped_debt_forgotten") {
-			bringOwingToNow(b, a, p, active, now)
+	if owes(a) && !mutantOn("dropped_debt_forgotten") {
+		subject := a.Key.SubjectKey()
+		if active, ok := activePolicy(b, subject); ok && (current && active.Generation != p.Generation && owesDropped(a, p, active) || hasOwing(b, subject)) {
 			switchIfRepaid(b, a, p, active, now)
 			return
 		}
@@ -358,21 +386,20 @@ func tick(b Book, a *Account, p *Policy, now time.Time) {
 	bringToNow(b, a, p, now, current && !p.RolledBack)
 }
 
-// switchIfRepaid switches the subject to the deciding generation's policy
-// p as soon as its current account a (under its own policy ap, brought to
-// now) no longer owes debt p does not limit: left current, a would refill
-// as an ordinary current account and mint available capacity in a unit p
-// drops, which stays behind at the switch. a is put first and reloaded
-// after the switch (the switch moves its capacity).
+// switchIfRepaid brings the subject's owing accounts to now under p, the
+// deciding generation's policy, and switches the subject to p once none
+// owes debt p does not limit (switchTo): left current, a repaid account
+// would refill as an ordinary current account and mint available
+// capacity in a unit p drops, which stays behind at the switch. a (under
+// its own policy ap) is put first and reloaded after (the switch may move
+// its capacity); its epoch is closed when the switch did not touch it.
 func switchIfRepaid(b Book, a *Account, ap, p *Policy, now time.Time) {
 	b.AccountPut(a)
-	if owesDropped(a, ap, p) {
-		return
-	}
 	switchTo(b, a.Key.SubjectKey(), p, now)
 	if fresh, ok := b.Account(a.Key); ok && fresh != a {
 		*a = *fresh
 	}
+	rollEpoch(b, a, ap, now)
 }
 
 // bringToNow closes the account's elapsed accounting epochs, then, when
@@ -398,16 +425,18 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 // under p and moves the cursors, writing nothing to the book; it returns
 // the balances before and whether anything was minted.
 func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
-	return refillUpTo(a, p, now, 0)
+	return refillUpTo(a, p, now, 0, 0)
 }
 
 // refillUpTo is refillDue, except that in a dimension whose bit is set in
-// repayOnly it mints only what repays debt, never available capacity.
-func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly uint8) (before Balances, minted bool) {
+// repayOnly it mints only what repays debt, never available capacity,
+// and a dimension whose bit is set in skip does not refill (its cursor
+// stays).
+func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
-		if !d.Refills() {
+		if !d.Refills() || skip&(1<<i) != 0 {
 			continue
 		}
 		interval := int64(d.RefillInterval)

@@ -44,6 +44,11 @@ import (
 //     not limit neither keeps its account current nor makes it current
 //     again (a late settle's): the subject switches and admits while it is
 //     owed, and nothing repays it.
+//   - dropped_debt_second_untracked: an account that owes debt its
+//     subject's current account may not take joins no owing set (only
+//     the current account is tracked, as before the set existed): late
+//     debt while another account owes, or a record's debt on the deciding
+//     generation's account while frozen, stays where nothing repays it.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -62,7 +67,7 @@ var mutantNames = []string{
 	"retry_after_ignores_holds", "shard_unknown_reminted", "worker_marks_started_unknown",
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
 	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
-	"shard_removed_early", "dropped_debt_forgotten",
+	"shard_removed_early", "dropped_debt_forgotten", "dropped_debt_second_untracked",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the

@@ -106,7 +106,9 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 			// Usage in a unit the owing account does not limit (or in
 			// another order): charged to p's account, which the subject
 			// switches to once that debt is repaid; until then it is not
-			// current (docs/ROLLOUT.md, Limitations).
+			// current, and debt the usage leaves there puts it in the
+			// subject's owing set (below), so a rollback of p does not
+			// leave it where nothing repays it.
 			a = decidingAccount(b, subject, p, ap, now)
 		}
 	}
@@ -131,6 +133,9 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	journal(b, a, &before, KindRecord, r.ID, StateRequested, r.State, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
+	if ap != p && cp == p {
+		markOwing(b, a, now)
+	}
 	res := Result{Reservation: *r, Generation: p.Generation}
 	for i := 0; i < a.Dims; i++ {
 		res.Available[i] = a.Balances[i].Available

@@ -190,6 +190,13 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
 	}
 	*res = rej.result(ap)
+	// Another of the subject's accounts may owe longer (or a, repaid,
+	// stays current while another owes): the retry-after is the slowest
+	// owing account's, so no earlier retry succeeds.
+	if unit, wait, ok := slowestOwing(b, a, p, now); ok && (!owesDropped(a, ap, p) || slower(wait, res.RetryAfter)) {
+		res.Err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, unit)
+		res.Dimension, res.RetryAfter = unit, wait
+	}
 	res.Generation = p.Generation
 	for i := range p.Dimensions {
 		if j := ap.DimensionIndex(p.Dimensions[i].Unit); j >= 0 {

@@ -1,0 +1,289 @@
+package ledger
+
+import (
+	"slices"
+	"strconv"
+	"time"
+)
+
+// A subject's owing set: the generations of its accounts that owe debt
+// its current account may not take, stored as Meta counters (the count
+// under metaOwing, one generation under each metaOwingAt) so that no
+// store needs a table of its own for what is, while it lasts, a handful
+// of rows. An account joins when it owes debt the subject's current
+// account cannot take: at a switch, the current account owing debt in a
+// unit the deciding generation does not limit (switchTo); a late settle
+// forwarding what it can and keeping the rest (forward); a record charged
+// to the deciding generation's account while another account is current
+// (Record); a shard's overuse charged to its own account (markOwing is
+// the function a caller outside this file uses). It leaves once it owes
+// nothing, or when the subject switches to the deciding generation, which
+// takes its remaining debt (releaseOwing).
+//
+// While any member owes debt in a unit the deciding generation does not
+// limit, the subject is frozen: its current account is such a member (so
+// the hot path, current = deciding, stays a read of the current pointer
+// and nothing more), every member refills that unit only to repay it,
+// and the retry-after comes from the current one (settleOwing). Only
+// commands that read the subject's current pointer first read or write
+// the set, so replicas serialise on the subject's rows.
+
+// MetaOwingPrefix begins every owing-set name.
+const MetaOwingPrefix = "owing/"
+
+// metaOwing is the Meta name of the subject's owing-set size; each part
+// is escaped (metaNamePart), so no subject's name is another's prefix.
+func metaOwing(s PolicyKey) string {
+	return MetaOwingPrefix + metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region)
+}
+
+// metaOwingAt is the Meta name of the set's i-th generation.
+func metaOwingAt(s PolicyKey, i int) string { return metaOwing(s) + "/" + strconv.Itoa(i) }
+
+// hasOwing reports whether the subject's owing set is not empty: one row.
+func hasOwing(b Book, s PolicyKey) bool { return b.Meta(metaOwing(s)) > 0 }
+
+// owingOf returns the subject's owing set, in the order it was stored.
+func owingOf(b Book, s PolicyKey) []uint64 {
+	n := b.Meta(metaOwing(s))
+	if n <= 0 {
+		return nil
+	}
+	out := make([]uint64, 0, n)
+	for i := range int(n) {
+		out = append(out, uint64(b.Meta(metaOwingAt(s, i))))
+	}
+	return out
+}
+
+// owingPut stores gens as the subject's owing set, which was old: only
+// the rows that change are written, and an emptied set leaves no rows
+// (where the book can remove them, MetaRemover; else they read 0).
+func owingPut(b Book, s PolicyKey, old, gens []uint64) {
+	if slices.Equal(old, gens) {
+		return
+	}
+	for i, g := range gens {
+		if i >= len(old) || old[i] != g {
+			b.MetaPut(metaOwingAt(s, i), int64(g))
+		}
+	}
+	for i := len(gens); i < len(old); i++ {
+		metaRemove(b, metaOwingAt(s, i))
+	}
+	switch {
+	case len(gens) == 0:
+		metaRemove(b, metaOwing(s))
+	case len(gens) != len(old):
+		b.MetaPut(metaOwing(s), int64(len(gens)))
+	}
+}
+
+func metaRemove(b Book, name string) {
+	if rm, ok := b.(MetaRemover); ok {
+		rm.MetaRemove(name)
+		return
+	}
+	b.MetaPut(name, 0)
+}
+
+// markOwing records that a, put already, owes debt the subject's current
+// account may not take: a joins the subject's owing set, and when the
+// deciding generation's account is current (the hot path, which reads no
+// set), a becomes current instead (makeCurrent), after that account is
+// brought to now, so the next command of the subject looks at the set.
+// It does nothing when a owes nothing. The next command (or the caller,
+// through switchTo) decides whether the subject stays frozen.
+func markOwing(b Book, a *Account, now time.Time) {
+	if !owes(a) {
+		return
+	}
+	subject := a.Key.SubjectKey()
+	// The mutant tracks only the current account, as before the set
+	// existed: debt left while another account is current is forgotten.
+	if old := owingOf(b, subject); !slices.Contains(old, a.Key.Generation) && !mutantOn("dropped_debt_second_untracked") {
+		owingPut(b, subject, old, append(slices.Clone(old), a.Key.Generation))
+		if !isCurrent(b, a) {
+			// Its refill repays from now: it did not refill while it
+			// was not current, and debt made now is not repaid by the
+			// time before.
+			for i := 0; i < a.Dims; i++ {
+				a.RefilledTo[i] = now.UnixNano()
+			}
+			b.AccountPut(a)
+		}
+	}
+	p, ok := activePolicy(b, subject)
+	if !ok || p.Generation == a.Key.Generation {
+		return
+	}
+	if g, ok := b.AccountCurrent(subject); ok && g == p.Generation {
+		key := a.Key
+		key.Generation = g
+		if current, found := b.Account(key); found {
+			bringToNow(b, current, p, now, !p.RolledBack)
+			b.AccountPut(current)
+		}
+		makeCurrent(b, a, now)
+	}
+}
+
+// settleOwing brings the subject's owing accounts to now and decides
+// whether the subject is frozen under p, the deciding generation's
+// policy; current is the generation of the subject's current account.
+// The current account joins the set when it owes debt in a unit p does
+// not limit. Each member refills: the current one as bringOwingToNow
+// does (or as the deciding generation's account when it is p's, a
+// rollback having made it decide again), any other only to repay debt in
+// a unit p does not limit (it holds none of the subject's capacity).
+// Members that owe nothing leave the set.
+//
+// When some member owes debt in a unit p does not limit, the subject is
+// frozen: it returns the current account with its own policy, and
+// frozen. The current account stays (it holds the subject's capacity)
+// unless it is p's (a rollback made it decide again): then an owing
+// member becomes current (makeCurrent), so that the hot path, which reads
+// no set, is not taken. Otherwise it
+// returns the members left (owing debt p can take, which releaseOwing
+// moves once the subject switches), not frozen.
+func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.Time) (a *Account, ap *Policy, frozen bool, rest []uint64) {
+	if mutantOn("dropped_debt_forgotten") {
+		return nil, nil, false, nil
+	}
+	old := owingOf(b, subject)
+	members := slices.Clone(old)
+	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: current}
+	if current != p.Generation && !slices.Contains(members, current) {
+		if m, mp, err := accountFor(b, key); err == nil && owesDropped(m, mp, p) {
+			members = append(members, current)
+		}
+	}
+	if len(members) == 0 {
+		return nil, nil, false, nil
+	}
+	var owing []uint64 // members that owe debt p does not limit
+	for _, g := range members {
+		key.Generation = g
+		m, mp, err := accountFor(b, key)
+		if err != nil {
+			continue // a row the book could not read: the batch is discarded (Book)
+		}
+		switch {
+		case g == p.Generation:
+			if g == current {
+				bringToNow(b, m, p, now, !p.RolledBack)
+			} else {
+				repayOnly(b, m, p, now, 0) // the current account refills its capacity
+			}
+		case g == current:
+			bringOwingToNow(b, m, mp, p, now)
+		default:
+			repayOnly(b, m, mp, now, limitedBy(m, mp, p))
+		}
+		b.AccountPut(m)
+		if _, debt := m.Debt(); debt == 0 {
+			continue
+		}
+		rest = append(rest, g)
+		if g != p.Generation && owesDropped(m, mp, p) {
+			owing = append(owing, g)
+		}
+	}
+	owingPut(b, subject, old, rest)
+	if len(owing) == 0 {
+		return nil, nil, false, rest
+	}
+	if current == p.Generation {
+		// A rollback made the current account's generation decide
+		// again: the hot path would read no set. An owing account
+		// becomes current, so the subject's commands look at the set
+		// until it is repaid; p's account repays its own debt meanwhile.
+		key.Generation = owing[0]
+		if m, ok := b.Account(key); ok {
+			makeCurrent(b, m, now)
+		}
+	}
+	key.Generation, _ = b.AccountCurrent(subject)
+	a, ap, err := accountFor(b, key)
+	if err != nil {
+		return nil, nil, false, nil
+	}
+	return a, ap, true, nil
+}
+
+// repayOnly brings a, an owing account that does not hold its subject's
+// capacity, to now under its own policy ap: its epoch closes, and each
+// dimension not in skip refills only to repay debt (the current account
+// refills the subject's capacity); a dimension in skip does not refill.
+func repayOnly(b Book, a *Account, ap *Policy, now time.Time, skip uint8) {
+	rollEpoch(b, a, ap, now)
+	if before, minted := refillUpTo(a, ap, now, 0xff, skip); minted {
+		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
+	}
+}
+
+// limitedBy returns the dimensions of a (under its policy ap) whose unit
+// p limits: debt there moves to p's account when the subject switches to
+// it, so an owing account that is not current does not refill them.
+func limitedBy(a *Account, ap, p *Policy) uint8 {
+	var limited uint8
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if p.DimensionIndex(ap.Dimensions[i].Unit) >= 0 {
+			limited |= 1 << i
+		}
+	}
+	return limited
+}
+
+// releaseOwing moves what the members of the subject's owing set (rest,
+// as settleOwing left it) still owe to to, the deciding generation's
+// account the subject just switched to (or was current on already), and
+// empties the set. The member from (the account the switch moved from)
+// and to itself are skipped: the switch moved the one, the other keeps
+// its own debt. Each move's receipt is "owing:<account>:<version>".
+func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from uint64, now time.Time) {
+	if len(rest) == 0 {
+		return
+	}
+	key := to.Key
+	for _, g := range rest {
+		if g == to.Key.Generation || g == from {
+			continue
+		}
+		key.Generation = g
+		if m, ok := b.Account(key); ok {
+			moveBetween(b, m, to, MoveForward, "owing:"+m.Key.String()+":"+strconv.FormatUint(m.Version, 10), now)
+		}
+	}
+	owingPut(b, subject, rest, nil)
+}
+
+// slowestOwing returns the unit and the retry-after of the slowest debt
+// among the subject's owing accounts other than current (the subject's
+// current account, whose refusal admit decides) in a unit p does not
+// limit: how long each one's refill needs to repay it (refillWait), 0
+// (never) being the slowest. ok is false when no other account owes such
+// debt.
+func slowestOwing(b Book, current *Account, p *Policy, now time.Time) (unit string, wait time.Duration, ok bool) {
+	key := current.Key
+	for _, g := range owingOf(b, current.Key.SubjectKey()) {
+		if g == current.Key.Generation || g == p.Generation {
+			continue
+		}
+		key.Generation = g
+		m, mp, err := accountFor(b, key)
+		if err != nil {
+			continue
+		}
+		for i := 0; i < m.Dims && i < len(mp.Dimensions); i++ {
+			debt := m.Balances[i].Debt()
+			if debt <= 0 || p.DimensionIndex(mp.Dimensions[i].Unit) >= 0 {
+				continue
+			}
+			if w := refillWait(m, &mp.Dimensions[i], i, debt, now); !ok || slower(w, wait) {
+				unit, wait, ok = mp.Dimensions[i].Unit, w, true
+			}
+		}
+	}
+	return unit, wait, ok
+}
