@@ -44,6 +44,9 @@ import (
 //     not limit neither keeps its account current nor makes it current
 //     again (a late settle's): the subject switches and admits while it is
 //     owed, and nothing repays it.
+//   - shard_dropped_debt_skipped: a shard's usage beyond its allocation in
+//     a unit the remint's destination does not limit is charged nowhere
+//     (the behaviour before it was charged to the shard's own account).
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -62,7 +65,7 @@ var mutantNames = []string{
 	"retry_after_ignores_holds", "shard_unknown_reminted", "worker_marks_started_unknown",
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
 	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
-	"shard_removed_early", "dropped_debt_forgotten",
+	"shard_removed_early", "dropped_debt_forgotten", "shard_dropped_debt_skipped",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the
