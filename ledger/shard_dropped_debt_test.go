@@ -247,3 +247,40 @@ func TestShardDroppedUnitDebtWhileAnotherOwes(t *testing.T) {
 	}
 	mustFreeze(t, c.reserve("b", 10), g3, 3*time.Second)
 }
+
+// Nothing admits for the subject when the shard is reconciled (every
+// generation rolled back) and the subject's current account, g2's, does
+// not limit requests: the debt is charged to g1's account, which becomes
+// current (g2's owes nothing), so a generation published later that does
+// not limit requests either is frozen until g1's refill repays it (repay
+// only: g1 was rolled back). Left current, g2 would have switched to g3
+// and g1's debt would have frozen nothing.
+func TestShardDroppedUnitDebtWhileNothingAdmits(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(droppedShardPolicy(tokens(1000, 100), requestsDim))
+	issueUnits(c, "sh", 100, 1)
+	g2 := c.publish(droppedShardPolicy(tokens(1000, 100)))
+	c.must(c.reserve("switch", 10))
+	c.must(c.rollback(testSubject, g2))
+	c.must(c.rollback(testSubject, g1))
+	if !isCurrentGen(c, g2) {
+		t.Fatalf("generation %d is not current after the rollbacks", g2)
+	}
+	rec := c.must(c.apply(reconcileCmd("sh", "gw-a",
+		[]ledger.ShardReceipt{settledReceipt("a", ledger.Amounts{100, 1}, ledger.Amounts{100, 4})})))
+	if rec.Move == nil || rec.Move.To.Generation != g2 || rec.Move.Debt[1] != 3 {
+		t.Fatalf("remint move %+v", rec.Move)
+	}
+	if d := c.account(g1).Balances[1].Debt(); d != 2 || !isCurrentGen(c, g1) {
+		t.Fatalf("generation %d owes %d requests (current %v), want 2, current", g1, d, isCurrentGen(c, g1))
+	}
+	g3 := c.publish(droppedShardPolicy(tokens(1000, 100)))
+	mustFreeze(t, c.reserve("b", 10), g3, 2*time.Second)
+	c.advance(2 * time.Second)
+	// Repaid: the subject switches to g3 from g1, whose tokens went to g2
+	// at the first switch; g2's stay there until a drain moves them.
+	c.must(c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g2).Key}))
+	if res := c.must(c.reserve("d", 10)); res.Reservation.Account.Generation != g3 {
+		t.Fatalf("admitted on %s", res.Reservation.Account)
+	}
+}
