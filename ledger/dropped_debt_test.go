@@ -15,9 +15,15 @@ var requestsDim = ledger.Dimension{Unit: "requests", Burst: 2, RefillUnits: 1, R
 // in requests, under generation g, retrying after wait.
 func mustFreeze(t *testing.T, res ledger.Result, g uint64, wait time.Duration) {
 	t.Helper()
-	if !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.Dimension != "requests" || res.Generation != g || res.RetryAfter != wait {
-		t.Fatalf("reserve while requests are owed: err %v, dimension %q, generation %d, retry after %s; want %v, requests, %d, %s",
-			res.Err, res.Dimension, res.Generation, res.RetryAfter, ledger.ErrAdmissionFrozen, g, wait)
+	mustFreezeIn(t, res, "requests", g, wait)
+}
+
+// mustFreezeIn is mustFreeze for debt owed in unit.
+func mustFreezeIn(t *testing.T, res ledger.Result, unit string, g uint64, wait time.Duration) {
+	t.Helper()
+	if !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.Dimension != unit || res.Generation != g || res.RetryAfter != wait {
+		t.Fatalf("reserve while %s are owed: err %v, dimension %q, generation %d, retry after %s; want %v, %s, %d, %s",
+			unit, res.Err, res.Dimension, res.Generation, res.RetryAfter, ledger.ErrAdmissionFrozen, unit, g, wait)
 	}
 }
 

@@ -49,6 +49,9 @@ import (
 //     the current account is tracked, as before the set existed): late
 //     debt while another account owes, or a record's debt on the deciding
 //     generation's account while frozen, stays where nothing repays it.
+//   - shard_dropped_debt_skipped: a shard's usage beyond its allocation in
+//     a unit the remint's destination does not limit is charged nowhere
+//     (the behaviour before it was charged to the shard's own account).
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -68,6 +71,7 @@ var mutantNames = []string{
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
 	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
 	"shard_removed_early", "dropped_debt_forgotten", "dropped_debt_second_untracked",
+	"shard_dropped_debt_skipped",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the

@@ -719,10 +719,13 @@ func checkReceipts(receipts []ShardReceipt, p *Policy) error {
 
 // remintDest is where a shard's remint goes: the account to and its
 // policy, and the policy the shard was issued under (whose dimensions the
-// amounts are in).
+// amounts are in). from is the shard's own account when the charge has
+// debt in a unit toPolicy does not limit (nil otherwise): that debt is
+// charged there (see remintTarget).
 type remintDest struct {
 	to                   *Account
 	toPolicy, fromPolicy *Policy
+	from                 *Account
 }
 
 // remintTarget returns the account a remint of units (and a charge of
@@ -739,6 +742,11 @@ type remintDest struct {
 // overflow, a remint that could take RetiredForMove above MaxLifetimeUnits
 // is refused with ErrLifetimeExhausted (a new generation gives the
 // subject a fresh account to remint into).
+//
+// Debt in a unit the destination's policy does not limit (the deciding
+// generation dropped it) cannot be charged there: it is charged to the
+// shard's own account, whose generation limits the unit, its elapsed epoch
+// closed first (remintShard says what happens to it then).
 //
 // It returns ErrAccountNotFound or ErrPolicyNotFound only when the book
 // could not read a row that was written with the shard: a store read error,
@@ -780,9 +788,28 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 	if !ok {
 		return nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
 	}
+	dest := &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy}
 	for i := 0; i < len(fromPolicy.Dimensions); i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
+			if debt[i] == 0 || mutantOn("shard_dropped_debt_skipped") {
+				continue
+			}
+			// to is not the shard's account: an account limits every
+			// unit of its own generation.
+			if dest.from == nil {
+				a, ok := b.Account(s.Account)
+				if !ok {
+					return nil, fmt.Errorf("remint shard %s: %w: %s", s.ID, ErrAccountNotFound, s.Account)
+				}
+				rollEpoch(b, a, fromPolicy, now)
+				b.AccountPut(a)
+				dest.from = a
+			}
+			if retired := dest.from.Balances[i].RetiredForMove; retired > MaxLifetimeUnits-debt[i] {
+				return nil, fmt.Errorf("%w: %s %s has %d retired for moves; a charge of %d could pass %d",
+					ErrLifetimeExhausted, dest.from.Key, dimensionName(fromPolicy, i), retired, debt[i], MaxLifetimeUnits)
+			}
 			continue
 		}
 		// debt and units are at most MaxLifetimeUnits and MaxUnits here.
@@ -791,27 +818,47 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 				ErrLifetimeExhausted, to.Key, dimensionName(toPolicy, j), retired, units[i], debt[i], MaxLifetimeUnits)
 		}
 	}
-	return &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy}, nil
+	return dest, nil
 }
 
 // remintShard mints confirmed-unused shard capacity into dest (see
 // remintTarget) and charges usage the shard could not cover there as
 // debt, exactly once under a fresh receipt.
+//
+// In a unit the destination does not limit, confirmed-unused capacity
+// stays retired at the source (nothing could admit it), and the debt is
+// charged to the shard's own account (dest.from), repaid from its
+// available there first: the move records it (Debt, in the shard
+// generation's dimensions, as every amount of the move) and is journaled
+// at that account too. When debt is left owing, that account joins its
+// subject's owing accounts (markOwing, as forward does for late debt in a
+// dropped unit), so the subject's admission is frozen until its refill
+// repays the debt (repay only in every unit when its generation was
+// rolled back), then it switches back.
 func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now time.Time) *Move {
 	if dest == nil {
 		return nil
 	}
-	to, toPolicy, fromPolicy := dest.to, dest.toPolicy, dest.fromPolicy
+	to, toPolicy, fromPolicy, from := dest.to, dest.toPolicy, dest.fromPolicy, dest.from
 	n := b.Meta(metaShardMoves(s.ID)) + 1
 	b.MetaPut(metaShardMoves(s.ID), n)
 	b.MetaPut(MetaShardRemints, b.Meta(MetaShardRemints)+1)
 	move := Move{ReceiptID: ShardRemintReceipt(s, n), Kind: MoveShardRemint, From: s.Account, To: to.Key, At: now}
 	before := to.Balances
+	var fromBefore Balances
+	if from != nil {
+		fromBefore = from.Balances
+	}
 	for i := 0; i < len(fromPolicy.Dimensions); i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
-			// The active generation no longer limits this unit: there is
-			// nothing to mint it into, so it stays retired at the source.
+			// The destination does not limit this unit: there is nothing
+			// to mint it into, so it stays retired at the source, and its
+			// debt is the shard's own account's.
+			if from != nil && debt[i] > 0 {
+				chargeDebt(&from.Balances[i], debt[i])
+				move.Debt[i] = debt[i]
+			}
 			continue
 		}
 		dst := &to.Balances[j]
@@ -820,13 +867,8 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 		// destination has available repays the debt before anything
 		// freezes.
 		if debt[i] > 0 {
-			dst.OverdraftIssued += debt[i]
-			dst.RetiredForMove += debt[i]
+			chargeDebt(dst, debt[i])
 			move.Debt[i] = debt[i]
-			if repay := min(debt[i], dst.Available); repay > 0 {
-				dst.Available -= repay
-				dst.OverdraftRepaid += repay
-			}
 		}
 		if units[i] > 0 {
 			mint(dst, units[i])
@@ -843,8 +885,26 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 	}
 	journal(b, to, &before, KindShardReconcile, "", 0, 0, move.ReceiptID, now)
 	b.AccountPut(to)
+	if from != nil && from.Balances != fromBefore {
+		journal(b, from, &fromBefore, KindShardReconcile, "", 0, 0, move.ReceiptID, now)
+		b.AccountPut(from)
+		markOwing(b, from, now)
+	}
 	b.MovePut(&move)
 	return &move
+}
+
+// chargeDebt charges debt used beyond a shard to a balance: issued and
+// retired for the move (it was not spent here), then repaid from the
+// balance's available as far as that goes, as overuse in a settle takes
+// available capacity first, before anything freezes.
+func chargeDebt(bal *Balance, debt Units) {
+	bal.OverdraftIssued += debt
+	bal.RetiredForMove += debt
+	if repay := min(debt, bal.Available); repay > 0 {
+		bal.Available -= repay
+		bal.OverdraftRepaid += repay
+	}
 }
 
 // refuseShard counts a refused reconciliation submission, in total and

@@ -169,12 +169,17 @@ func (w *world) drawActual(r *request) {
 	for d := range r.units {
 		switch {
 		case r.units[d] == 0:
-		case d > 0 && over && r.viaShard == 0:
+		case d > 0 && over && r.viaShard != 0:
+			// Through a shard the overuse is 1-2 (2-3x the hold of 1),
+			// so that one request can pass the shard's allocation of 2:
+			// debt beyond the shard in the second unit, which a
+			// generation dropping that unit may decide when the shard
+			// is reconciled (ledger.remintShard charges it to the
+			// shard's own account then).
+			r.actual[d] = r.units[d] + w.between(1, 2)
+		case d > 0 && over:
 			// A retried call counts twice: the second unit owes debt
 			// too, so a generation may drop a unit the subject owes in.
-			// (Not through a shard: a shard's overuse in a unit the
-			// deciding generation dropped is neither reminted nor charged
-			// by ledger.remintShard, a known gap.)
 			r.actual[d] = r.units[d] + w.between(0, 1)
 		case d > 0:
 			r.actual[d] = r.units[d]

@@ -658,6 +658,10 @@ func (w *world) shardChanges(ch *store.Changes) {
 		if m.At.After(s.lastRemint[key]) {
 			s.lastRemint[key] = m.At
 		}
+		w.remintDebtRecorded(m, ch)
+		if w.fail != nil {
+			return
+		}
 		sum, debt := s.reminted[key], s.charged[key]
 		// A unit the target's generation does not limit: the shard counts
 		// it reminted, but it stays retired at the source
@@ -783,6 +787,41 @@ func (s *shardSim) openSummary() string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// remintDebtRecorded checks that the debt remint move m charges is
+// issued, in the same commit, at the end of the move that limits its
+// unit: at the destination, or, in a unit the destination's generation
+// does not limit, at the shard's own account (ledger.remintShard), each
+// journaled under the move's receipt. Debt charged nowhere (the
+// shard_dropped_debt_skipped mutant) is caught by the shard's charged
+// total (shardRowApplied).
+func (w *world) remintDebtRecorded(m *ledger.Move, ch *store.Changes) {
+	w.op.refresh(w)
+	fp, tp := w.op.policy(m.From.Generation), w.op.policy(m.To.Generation)
+	if fp == nil || tp == nil {
+		return
+	}
+	issued := func(account ledger.AccountKey, d int) ledger.Units {
+		var sum ledger.Units
+		for i := range ch.Journal {
+			if e := &ch.Journal[i]; e.ReceiptID == m.ReceiptID && e.Account == account {
+				sum += e.Delta[d].OverdraftIssued
+			}
+		}
+		return sum
+	}
+	for d := range fp.Dimensions {
+		end, j := m.To, tp.DimensionIndex(fp.Dimensions[d].Unit)
+		if j < 0 {
+			end, j = m.From, d
+		}
+		if got := issued(end, j); got != m.Debt[d] {
+			w.violate(GateUnrecordedDebt, fmt.Sprintf("remint move %s charges %d %s beyond the shard, but %s journaled %d debt issued for it",
+				m.ReceiptID, m.Debt[d], fp.Dimensions[d].Unit, end, got))
+			return
+		}
+	}
 }
 
 // droppedDims marks the dimensions of generation from whose unit

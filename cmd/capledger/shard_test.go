@@ -437,3 +437,60 @@ func TestShardTTLNearARaisedMaximumExpiresAtTheLatestStorableTime(t *testing.T) 
 		})
 	}
 }
+
+// An emergency shard reconciled after a generation that drops one of its
+// units took over: its usage beyond the shard in the dropped unit is
+// charged (debtUnits) to the shard's own generation, which freezes the
+// subject (ADMISSION_FROZEN naming the unit) until its refill repays it,
+// and the audit stays clean. Before, that usage was charged nowhere.
+func TestCLIShardOveruseInADroppedUnitFreezes(t *testing.T) {
+	dir := t.TempDir()
+	code, keyLine, errOut := cli(t, "", "shard", "keygen", "--id", "ops-1")
+	wantExit(t, exitOK, code, keyLine, errOut)
+	keysPath := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keysPath, []byte(keyLine), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := startInProcess(t, "--shard-keys", keysPath)
+	publish := func(name, yaml string) {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		os.WriteFile(path, []byte(yaml), 0o600)
+		code, out, errOut := cli(t, url, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+	publish("g1.yaml", emergencyPolicyYAML+`  - unit: requests
+    burst: 2
+    refillUnits: 1
+    refillInterval: 1h
+`)
+	code, out, errOut := cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=100,requests=1", "--gateway", "gw-1", "--boot", "1", "--id", "sh-drop")
+	wantExit(t, exitOK, code, out, errOut)
+	publish("g2.yaml", emergencyPolicyYAML) // tokens only: requests dropped
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10", "--id", "before")
+	wantExit(t, exitOK, code, out, errOut)
+
+	receiptsPath := filepath.Join(dir, "receipts.json")
+	os.WriteFile(receiptsPath, []byte(`[
+	  {"reservation_id": "l1", "state": "SETTLED_WITH_DEBT", "reserved_units": {"tokens": 100, "requests": 1}, "actual_units": {"tokens": 100, "requests": 4}}
+	]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-drop", "--gateway", "gw-1", "--receipts", receiptsPath)
+	wantExit(t, exitOK, code, out, errOut)
+	var rec struct {
+		DebtUnits        map[string]string `json:"debtUnits"`
+		RemintGeneration string            `json:"remintGeneration"`
+	}
+	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.DebtUnits["requests"] != "3" || rec.RemintGeneration != "2" {
+		t.Fatalf("reconcile printed %s (%v); want 3 requests charged beyond the shard of 1, the move to generation 2", out, err)
+	}
+	// 1 request left behind on generation 1 repays 1 of the 3: 2 owed,
+	// an hour each.
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10", "--id", "after")
+	wantExit(t, exitRejected, code, out, errOut)
+	if !strings.Contains(errOut, "ADMISSION_FROZEN") || !strings.Contains(errOut, "requests") {
+		t.Fatalf("reserve while generation 1 owes requests: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitOK, code, out, errOut)
+}

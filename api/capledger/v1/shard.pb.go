@@ -916,7 +916,10 @@ type ReconcileShardResponse struct {
 	// The shard after the submission.
 	Shard *Shard `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
 	// What this submission reminted into the active generation, and the
-	// usage beyond the shard it charged there as debt, by unit.
+	// usage beyond the shard it charged there as debt, by unit (debt in a
+	// unit the active generation does not limit is charged to the shard's
+	// own generation's account, which then freezes the subject until its
+	// refill repays it; confirmed-unused units in such a unit stay retired).
 	RemintedUnits map[string]int64 `protobuf:"bytes,2,rep,name=reminted_units,json=remintedUnits,proto3" json:"reminted_units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	DebtUnits     map[string]int64 `protobuf:"bytes,3,rep,name=debt_units,json=debtUnits,proto3" json:"debt_units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The receipt id of the remint move (empty when nothing moved).
