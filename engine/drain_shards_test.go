@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"sync/atomic"
 	"testing"
@@ -12,18 +13,21 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // shardReads counts the shards DrainProgress reads: every shard
-// (ShardList) or a generation's unreconciled ones (ShardsUnreconciled).
+// (ShardList: lists, listed) or a generation's unreconciled ones
+// (ShardsUnreconciled).
 type shardReads struct {
 	store.Store
-	lists, unreconciled atomic.Int64
+	lists, listed, unreconciled atomic.Int64
 }
 
 func (s *shardReads) ShardList(ctx context.Context) ([]ledger.Shard, error) {
 	out, err := s.Store.ShardList(ctx)
 	s.lists.Add(1)
+	s.listed.Add(int64(len(out)))
 	return out, err
 }
 
@@ -108,4 +112,58 @@ func TestDrainProgressReadsOnlyItsOpenShards(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkDrainProgressShards times DrainProgress of a generation on
+// SQLite holding 100,000 shards, 100 of them unreconciled (the rest
+// reconciled, kept until retention removes them), and one account. It
+// reports the shards read per call (shards/op).
+func BenchmarkDrainProgressShards(b *testing.B) {
+	const shards, open = 100_000, 100
+	ctx := context.Background()
+	sq, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "capledger.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := &shardReads{Store: sq}
+	b.Cleanup(func() { st.Close() })
+	e := New(st, Options{DisableWorkers: true, Clock: func() time.Time { return t0 }})
+	b.Cleanup(func() { e.Close() })
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, EmergencyMode: true}.WithDefaults()
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+		b.Fatal(res, err)
+	}
+	for from := 0; from < shards; from += 5000 {
+		var page []ledger.Shard
+		for i := from; i < from+5000; i++ {
+			sh := ledger.Shard{ID: fmt.Sprintf("sh-%06d", i), Account: ledger.AccountKey{Subject: fmt.Sprintf("t-%d", i%1000),
+				Route: "chat.generate", Region: "eu", Generation: 1}, GatewayID: fmt.Sprintf("gw-%d", i), BootEpoch: 1, Fence: 1,
+				Allocated: ledger.Amounts{10}, IssuedAt: t0, ExpiresAt: t0.Add(time.Minute), KeyID: "k1", Signature: make([]byte, 64)}
+			if i%(shards/open) != 0 {
+				sh.Reconciled, sh.Reminted = true, sh.Allocated
+			}
+			page = append(page, sh)
+		}
+		tx, err := st.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Write(ctx, &store.Changes{Shards: page}); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st.listed.Store(0)
+	st.unreconciled.Store(0)
+	b.ResetTimer()
+	for range b.N {
+		got, err := e.DrainProgress(ctx, []uint64{1})
+		if err != nil || got[0].UnreconciledShards != open {
+			b.Fatalf("%+v, %v", got, err)
+		}
+	}
+	b.ReportMetric(float64(st.listed.Load()+st.unreconciled.Load())/float64(b.N), "shards/op")
 }
