@@ -50,6 +50,13 @@ func (s *countingSQLite) ShardList(ctx context.Context) ([]ledger.Shard, error) 
 	return out, err
 }
 
+func (s *countingSQLite) ShardsUnreconciled(ctx context.Context, f store.UnreconciledShardFilter) ([]ledger.Shard, error) {
+	out, err := s.Store.ShardsUnreconciled(ctx, f)
+	s.reads.Add(1)
+	s.rows.Add(int64(len(out)))
+	return out, err
+}
+
 func (s *countingSQLite) Begin(ctx context.Context) (store.Tx, error) {
 	s.reads.Add(1) // a transaction: the drain commands' batches
 	return s.Store.Begin(ctx)

@@ -145,3 +145,51 @@ func TestDrainMemoForgetsOnAnotherActiveSet(t *testing.T) {
 		t.Fatal("generation 1 skipped after the active generation changed")
 	}
 }
+
+// An account of a superseded generation that the deciding account has
+// room for is not blocked; once that account refills to its burst it is
+// BlockedByBurst, with no command in between (nothing journaled, no row
+// of the superseded generation changed): a pass that re-checked only the
+// accounts blocked at its last pass, or changed since, would miss it.
+// This pins what an incremental DrainProgress must re-check: every
+// account still waiting for a drain, not only the blocked ones.
+func TestDrainProgressBlockedByBurstFollowsTheClock(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	e := New(memstoreAndSQLite["memstore"](t), Options{DisableWorkers: true, Clock: clk.Now})
+	t.Cleanup(func() { e.Close() })
+	do := func(cmd ledger.Command) {
+		t.Helper()
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
+		}
+	}
+	publish := func(burst, refill int64) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst, RefillUnits: refill, RefillInterval: time.Minute}}}.WithDefaults()
+		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish(1000, 0)
+	do(reserveCmd("rl-1", 10))
+	do(ledger.Command{Kind: ledger.KindRelease, ReservationID: "rl-1"}) // 1000 available on generation 1
+	publish(100, 10)
+	// The switch fills generation 2's account to its burst; spend it all.
+	do(reserveCmd("rl-2", 100))
+	do(ledger.Command{Kind: ledger.KindStart, ReservationID: "rl-2", OperationID: "op-2"})
+	do(ledger.Command{Kind: ledger.KindSettle, ReservationID: "rl-2", OperationID: "op-2", Units: ledger.Amounts{100}})
+	progress := func() GenerationDrain {
+		t.Helper()
+		got, err := e.DrainProgress(ctx, []uint64{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got[0]
+	}
+	if d := progress(); d.Available[0] == 0 || d.BlockedByBurst != 0 {
+		t.Fatalf("generation 1 with room on generation 2: %+v, want capacity left and not blocked", d)
+	}
+	clk.Advance(10 * time.Minute) // generation 2 refills 10 a minute to its burst of 100
+	if d := progress(); d.Available[0] == 0 || d.BlockedByBurst != 1 {
+		t.Fatalf("generation 1 after generation 2 refilled to its burst: %+v, want blocked by burst", d)
+	}
+}

@@ -95,7 +95,8 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 }
 
 // DrainProgress returns what each of generations still holds (see
-// GenerationDrain), reading its accounts page by page and every shard;
+// GenerationDrain), reading its accounts page by page and its
+// unreconciled shards (addUnreconciledShards);
 // store.ErrNotFound for a generation that does not exist. The policies
 // it reads are those generations and, per page, the generations and
 // heads deciding for the page's subjects, not every policy. The deciding
@@ -110,10 +111,6 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	// and forgotten after each page (a "*" generation may have an
 	// account per tenant).
 	policies := newPolicyReads(e.core.store)
-	shards, err := e.core.store.ShardList(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("shards: %w", err)
-	}
 	out := make([]GenerationDrain, 0, len(generations))
 	for _, g := range generations {
 		p, err := policies.policy(ctx, g)
@@ -156,23 +153,43 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			}
 			f.After = next
 		}
-		for i := range shards {
-			if s := &shards[i]; s.Account.Generation == g && !s.Reconciled {
-				d.UnreconciledShards++
-				for j := range s.Allocated {
-					d.ShardUnits[j] += s.Allocated[j]
-				}
-				if s.IsLegacyBudget() {
-					d.LegacyBudgets++
-					for j := range s.Allocated {
-						d.LegacyUnits[j] += s.Allocated[j]
-					}
-				}
-			}
+		if err := e.addUnreconciledShards(ctx, &d, g); err != nil {
+			return nil, err
 		}
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// addUnreconciledShards adds to d the shards of generation g not yet
+// reconciled, read a page at a time through the stores' index of them
+// (store.Store.ShardsUnreconciled): the generation's open shards, not
+// every shard retention still keeps.
+func (e *Engine) addUnreconciledShards(ctx context.Context, d *GenerationDrain, g uint64) error {
+	f := store.UnreconciledShardFilter{Generation: g, Limit: e.opts.PageSize}
+	for {
+		shards, err := e.core.store.ShardsUnreconciled(ctx, f)
+		if err != nil {
+			return fmt.Errorf("unreconciled shards of generation %d: %w", g, err)
+		}
+		for i := range shards {
+			s := &shards[i]
+			d.UnreconciledShards++
+			for j := range s.Allocated {
+				d.ShardUnits[j] += s.Allocated[j]
+			}
+			if s.IsLegacyBudget() {
+				d.LegacyBudgets++
+				for j := range s.Allocated {
+					d.LegacyUnits[j] += s.Allocated[j]
+				}
+			}
+		}
+		if len(shards) < f.Limit {
+			return nil
+		}
+		f.After = shards[len(shards)-1].ID
+	}
 }
 
 // addDrain adds one account to d's sums, BlockedNoPolicy and

@@ -11,7 +11,9 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// countedPasses counts DrainProgress passes (each reads the shards once)
+// countedPasses counts DrainProgress passes (each reads the unreconciled
+// shards of its one generation once, where the generation has fewer than
+// a page)
 // and holds each until release is closed, when set, and then for hold
 // (so that it is reused for 9 times as long).
 type countedPasses struct {
@@ -22,7 +24,7 @@ type countedPasses struct {
 	hold    time.Duration
 }
 
-func (s *countedPasses) ShardList(ctx context.Context) ([]ledger.Shard, error) {
+func (s *countedPasses) ShardsUnreconciled(ctx context.Context, f store.UnreconciledShardFilter) ([]ledger.Shard, error) {
 	s.mu.Lock()
 	s.passes++
 	release, hold := s.release, s.hold
@@ -31,7 +33,7 @@ func (s *countedPasses) ShardList(ctx context.Context) ([]ledger.Shard, error) {
 		<-release
 	}
 	time.Sleep(hold)
-	return s.Store.ShardList(ctx)
+	return s.Store.ShardsUnreconciled(ctx, f)
 }
 
 func (s *countedPasses) count() int {

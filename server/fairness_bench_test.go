@@ -117,7 +117,35 @@ func benchOverWrappedStores(b *testing.B, wrap func(store.Store) store.Store, se
 // route's accounts where the route index is read, every account where
 // each page of every account is filtered.
 func BenchmarkGetFairnessOfOneRoute(b *testing.B) {
-	const tenants, embedTenants = 100_000, 1_000
+	benchOneRoute(b, func(b *testing.B, h *harness, limit int) {
+		got := h.consoleOK("GetFairness", fmt.Sprintf(`{"route":"embed","limit":%d}`, limit), consoleViewer)
+		if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != routeBenchEmbed {
+			b.Fatalf("fairness: %v", got["groups"])
+		}
+	})
+}
+
+// BenchmarkListAccountStandingsOfOneRoute is BenchmarkGetFairnessOfOneRoute
+// for ListAccountStandings of the embed route (no subject), each call a
+// new question (its limit).
+func BenchmarkListAccountStandingsOfOneRoute(b *testing.B) {
+	benchOneRoute(b, func(b *testing.B, h *harness, limit int) {
+		got := h.consoleOK("ListAccountStandings", fmt.Sprintf(`{"route":"embed","limit":%d}`, limit), consoleViewer)
+		if accounts, _ := got["accounts"].([]any); num(got["matched"]) != routeBenchEmbed || len(accounts) != min(limit, routeBenchEmbed) {
+			b.Fatalf("standings: matched %v, %d accounts", got["matched"], len(accounts))
+		}
+	})
+}
+
+// routeBenchTenants and routeBenchEmbed are benchOneRoute's tenants and
+// those of them on the embed route.
+const routeBenchTenants, routeBenchEmbed = 100_000, 1_000
+
+// benchOneRoute seeds routeBenchTenants accounts, a tenant each, every
+// hundredth on embed (generation 2), the rest on chat.generate
+// (generation 1), and runs call with a limit new each call (the warm-up's
+// is 1), reporting the accounts the store returned per call (rows/op).
+func benchOneRoute(b *testing.B, call func(b *testing.B, h *harness, limit int)) {
 	rows := &pageRows{}
 	var calls, read int
 	benchOverWrappedStores(b, func(st store.Store) store.Store { rows.Store = st; return rows }, func(h *harness, engineStore store.Store) {
@@ -126,11 +154,11 @@ func BenchmarkGetFairnessOfOneRoute(b *testing.B) {
 			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
 			  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
 		}
-		for from := 0; from < tenants; from += 2000 {
+		for from := 0; from < routeBenchTenants; from += 2000 {
 			var accounts []ledger.Account
 			for i := from; i < from+2000; i++ {
 				key := ledger.AccountKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: "chat.generate", Region: "global", Generation: 1}
-				if i%(tenants/embedTenants) == 0 {
+				if i%(routeBenchTenants/routeBenchEmbed) == 0 {
 					key.Route, key.Generation = "embed", 2
 				}
 				a := ledger.Account{Key: key, Dims: 1, EpochStart: h.clock.Now(), Version: 1}
@@ -150,10 +178,7 @@ func BenchmarkGetFairnessOfOneRoute(b *testing.B) {
 		if i == 1000 {
 			limit = 1
 		}
-		got := h.consoleOK("GetFairness", fmt.Sprintf(`{"route":"embed","limit":%d}`, limit), consoleViewer)
-		if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != embedTenants {
-			b.Fatalf("fairness: %v", got["groups"])
-		}
+		call(b, h, limit)
 		calls++
 		read += len(rows.take())
 		b.ReportMetric(float64(read)/float64(calls), "rows/op")

@@ -97,13 +97,14 @@ func dimensionUsed(d *ledger.Dimension, b *ledger.Balance) float64 {
 const standingsPage = 1000
 
 // rankAll ranks for a ListAccountStandings that reads every account, or
-// every account of m's subject: into r the best limit of the accounts
+// every account of m's subject or of m's route: into r the best limit of the accounts
 // matching m in the caller's scope, how many matched, and asOf, the time
 // the read began. It reads the accounts page by page (Ledger.AccountsPage),
 // keeping only the best limit: its memory is a page's, and no read stays
 // open for the whole scan. With a subject the store reads that subject's
-// accounts only (standingsFilter), in the same key order, so the ranking
-// is the one of every account filtered.
+// accounts only, and with a route and no subject that route's
+// (standingsFilter), in the same key order, so the ranking is the one of
+// every account filtered.
 func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsRequest, limit int, r *standingsRanking) *connect.Error {
 	s := c.s
 	r.asOf = s.clock()
@@ -186,14 +187,17 @@ func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*
 	return resp, nil
 }
 
-// standingsFilter is the store's part of m's filters: its subject, with
-// its route and region (which the store reads only with a subject,
-// store.AccountFilter), a page of standingsPage. The rest, and the
-// scope, rankAll checks on each account.
+// standingsFilter is the store's part of m's filters, a page of
+// standingsPage: its subject, or without one its route (read by the
+// stores' route index, as GetFairness of one route), each with its
+// region (which the store reads only with a subject or a route,
+// store.AccountFilter). Both read in key order, so the ranking is the
+// one of every account filtered. The rest, and the scope, rankAll checks
+// on each account.
 func standingsFilter(m *v1.ListAccountStandingsRequest) store.AccountFilter {
-	f := store.AccountFilter{Subject: m.GetSubject(), Limit: standingsPage}
-	if f.Subject != "" {
-		f.Route, f.Region = m.GetRoute(), m.GetRegion()
+	f := store.AccountFilter{Subject: m.GetSubject(), Route: m.GetRoute(), Limit: standingsPage}
+	if f.Subject != "" || f.Route != "" {
+		f.Region = m.GetRegion()
 	}
 	return f
 }

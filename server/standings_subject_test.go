@@ -112,3 +112,113 @@ func TestConsoleStandingsOfOneSubjectReadItsAccountsOnly(t *testing.T) {
 		t.Errorf("scoped token, its own subject: %v", own)
 	}
 }
+
+// ListAccountStandings of one route without a subject reads that
+// route's accounts from the store (its range of the route index, as
+// GetFairness of one route), not every account filtered: among 2,162
+// accounts (three pages of every account), the embed route's 1,051 (two
+// pages of their own) are all it reads, and its ranking is the embed part
+// of the ranking of every account, in the same order (embed's accounts
+// stand nearest their limit, so every account's best 1,000 are embed's
+// best 1,000); with a region, a generation or a smaller limit it answers
+// as before.
+func TestConsoleStandingsOfOneRouteReadItsAccountsOnly(t *testing.T) {
+	rows := &pageRows{}
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		rows.Store = st
+		return rows
+	}})
+	for _, route := range []string{"chat.generate", "embed"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	}
+	h.ok("Reserve", reserveFor("r-t1", "t1", 1), adminToken)
+	h.ok("Reserve", `{"reservationId":"r-t1-embed","subject":"t1","route":"embed","units":{"tokens":3}}`, adminToken)
+	reserveSimilarSubjects(h) // 1,110 subjects, 2 tokens each on chat.generate
+	var items []string
+	const embedSubjects = 1050
+	for i := range embedSubjects {
+		// 3 to 42 tokens of 100: every one nearer its limit than any
+		// account of chat.generate.
+		items = append(items, fmt.Sprintf(`{"reservationId":"e-%04d","subject":"e-%04d","route":"embed","units":{"tokens":%d}}`, i, i, 3+(i*7)%40))
+		if len(items) == 500 || i == embedSubjects-1 {
+			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+			items = nil
+		}
+	}
+	const embedAccounts = embedSubjects + 1
+
+	keysOf := func(got map[string]any) []string {
+		var keys []string
+		accounts, _ := got["accounts"].([]any)
+		for _, a := range accounts {
+			acc := a.(map[string]any)["account"].(map[string]any)
+			keys = append(keys, fmt.Sprintf("%v/%v/%v/%v", acc["subject"], acc["route"], acc["region"], acc["policyGeneration"]))
+		}
+		return keys
+	}
+	every := h.consoleOK("ListAccountStandings", `{"limit":1000}`, consoleViewer)
+	if n := len(rows.take()); num(every["matched"]) != 2162 || n < 2162 {
+		t.Fatalf("every account: matched %v, %d rows read; want 2162, at least 2162", every["matched"], n)
+	}
+	everyKeys := keysOf(every)
+	for _, k := range everyKeys {
+		if !strings.Contains(k, "/embed/") {
+			t.Fatalf("every account: %s among the best 1000; the test wants embed's accounts nearest their limit", k)
+		}
+	}
+
+	checkRead := func(body string, want int) {
+		t.Helper()
+		read := rows.take()
+		distinct := map[ledger.AccountKey]bool{}
+		for _, k := range read {
+			if k.Route != "embed" {
+				t.Fatalf("%s: read %s", body, k)
+			}
+			distinct[k] = true
+		}
+		// (A page that ends within a subject key leaves that key to the
+		// next page, so a row may be read again once a page.)
+		if len(distinct) != want || len(read) > want+2 {
+			t.Errorf("%s: read %d rows, %d accounts; want the route's %d", body, len(read), len(distinct), want)
+		}
+	}
+	body := `{"route":"embed","limit":1000}`
+	got := h.consoleOK("ListAccountStandings", body, consoleViewer)
+	if num(got["matched"]) != embedAccounts || !slices.Equal(keysOf(got), everyKeys) {
+		t.Errorf("%s: matched %v, %d standings; want %d and every account's ranking (first %v, want %v)",
+			body, got["matched"], len(keysOf(got)), embedAccounts, keysOf(got)[:min(3, len(keysOf(got)))], everyKeys[:3])
+	}
+	checkRead(body, embedAccounts)
+
+	body = `{"route":"embed","region":"global","limit":5}`
+	got = h.consoleOK("ListAccountStandings", body, consoleViewer)
+	if num(got["matched"]) != embedAccounts || !slices.Equal(keysOf(got), everyKeys[:5]) {
+		t.Errorf("%s: matched %v, %v; want %d, %v", body, got["matched"], keysOf(got), embedAccounts, everyKeys[:5])
+	}
+	checkRead(body, embedAccounts)
+
+	body = `{"route":"embed","region":"eu"}`
+	if got = h.consoleOK("ListAccountStandings", body, consoleViewer); num(got["matched"]) != 0 || len(keysOf(got)) != 0 {
+		t.Errorf("%s: %v", body, got)
+	}
+	checkRead(body, 0)
+
+	body = `{"route":"embed","policyGeneration":"1"}`
+	if got = h.consoleOK("ListAccountStandings", body, consoleViewer); num(got["matched"]) != 0 || len(keysOf(got)) != 0 {
+		t.Errorf("%s: %v", body, got)
+	}
+	checkRead(body, embedAccounts)
+
+	// The route chat.generate: its own accounts, none of embed's.
+	got = h.consoleOK("ListAccountStandings", `{"route":"chat.generate","subjectContains":"t1","limit":3}`, consoleViewer)
+	if num(got["matched"]) != 1+int64(len(similarSubjects())) || len(keysOf(got)) != 3 {
+		t.Errorf("chat.generate: matched %v, %v", got["matched"], keysOf(got))
+	}
+	for _, k := range rows.take() {
+		if k.Route != "chat.generate" {
+			t.Fatalf("chat.generate: read %s", k)
+		}
+	}
+}

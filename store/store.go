@@ -127,6 +127,15 @@ type Store interface {
 	PolicyPage(ctx context.Context, f PolicyFilter) ([]ListedPolicy, error)
 	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
 	ShardList(ctx context.Context) ([]ledger.Shard, error)
+	// ShardsUnreconciled returns up to f.Limit shards issued under
+	// generation f.Generation (their Account's) and not reconciled, in id
+	// order, with ids after f.After ("" starts at the first); none is an
+	// empty list, as is a generation above math.MaxInt64 (no row can hold
+	// one); f.Limit <= 0 is an error. A driver reads them through an index
+	// of the unreconciled shards by generation (SQLite schema 22,
+	// PostgreSQL 21: shards_unreconciled), so DrainProgress reads a
+	// generation's open shards only, not every shard ever issued.
+	ShardsUnreconciled(ctx context.Context, f UnreconciledShardFilter) ([]ledger.Shard, error)
 
 	// ReservationsDue returns up to limit reservations that need a worker
 	// at now: RESERVED with ExpiresAt <= now, EXPIRING, and STARTED with a
@@ -414,6 +423,17 @@ func (f AccountFilter) RouteSeek() (subject, region string, generation int64, pa
 		// AccountsPage checked the generation fits an int64.
 		return a.Subject, a.Region, int64(a.Generation), false
 	}
+}
+
+// UnreconciledShardFilter pages through ShardsUnreconciled.
+type UnreconciledShardFilter struct {
+	// Generation is the generation the shards were issued under.
+	Generation uint64
+	// After is the paging cursor, the id of the last shard of the
+	// previous page; "" starts at the first.
+	After string
+	// Limit is the most shards returned; it must be positive.
+	Limit int
 }
 
 // DebtFilter pages through AccountsInDebt.

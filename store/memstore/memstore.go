@@ -480,6 +480,26 @@ func (s *Store) ShardList(ctx context.Context) (out []ledger.Shard, err error) {
 	return out, err
 }
 
+// ShardsUnreconciled returns copies of the unreconciled shards of
+// f.Generation after f.After, in id order (store.Store). The in-memory
+// store scans its shards.
+func (s *Store) ShardsUnreconciled(ctx context.Context, f store.UnreconciledShardFilter) (out []ledger.Shard, err error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("unreconciled shards: limit %d, want a positive one", f.Limit)
+	}
+	err = s.read(ctx, func(r *rows) error {
+		for _, id := range slices.Sorted(maps.Keys(r.shards)) {
+			if sh := r.shards[id]; id > f.After && !sh.Reconciled && sh.Account.Generation == f.Generation {
+				if out = append(out, copyShard(sh)); len(out) == f.Limit {
+					break
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // nanos is a time as the SQL stores keep it: Unix nanoseconds, 0 for the
 // zero time. Due times compare in this form so that every store orders
 // and filters identically, edge cases included.

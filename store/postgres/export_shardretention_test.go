@@ -4,6 +4,7 @@ package postgres
 var (
 	ShardsReconciledSQL      = sqlShardsReconciled
 	ShardsReconciledAfterSQL = sqlShardsReconciledAfter
+	ShardsUnreconciledSQL    = sqlShardsUnreconciled
 	MetaNamesSQL             = sqlMetaNames
 	MetaPrefixSQL            = sqlMetaPrefix
 	ShardFencesIdleSQL       = sqlShardFencesIdle

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,9 @@ const (
 	sqlShardsReconciled      = shardSelect + ` WHERE reconciled AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2`
 	sqlShardsReconciledAfter = shardSelect + ` WHERE reconciled AND expires_at <= $1 AND (expires_at, id) > ($2, $3)
 	ORDER BY expires_at, id LIMIT $4`
+	// A generation's unreconciled shards (schema version 21): a range of
+	// the partial index shards_unreconciled.
+	sqlShardsUnreconciled = shardSelect + ` WHERE NOT reconciled AND generation = $1 AND id > $2 ORDER BY id LIMIT $3`
 	// A prefix of meta names is read as the key range [$1, $2) of the
 	// index meta_name_bytes (schema 18), names compared as bytes whatever
 	// the database's collation; $2 is store.PrefixEnd($1).
@@ -57,6 +61,32 @@ func (s *Store) ShardsReconciled(ctx context.Context, after store.ShardCursor, b
 		out = append(out, *sh)
 	}
 	return out, s.c.classify("reconciled shards", rows.Err(), false)
+}
+
+// ShardsUnreconciled returns up to f.Limit unreconciled shards of
+// f.Generation with ids after f.After, in id order, through the partial
+// index shards_unreconciled (store.Store).
+func (s *Store) ShardsUnreconciled(ctx context.Context, f store.UnreconciledShardFilter) ([]ledger.Shard, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("unreconciled shards: limit %d, want a positive one", f.Limit)
+	}
+	if f.Generation > math.MaxInt64 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, sqlShardsUnreconciled, int64(f.Generation), f.After, f.Limit)
+	if err != nil {
+		return nil, s.c.classify("unreconciled shards", err, false)
+	}
+	defer rows.Close()
+	var out []ledger.Shard
+	for rows.Next() {
+		sh, err := scanShard(rows)
+		if err != nil {
+			return nil, s.c.classify("unreconciled shards", err, false)
+		}
+		out = append(out, *sh)
+	}
+	return out, s.c.classify("unreconciled shards", rows.Err(), false)
 }
 
 // MetaNames returns up to limit meta names that begin with prefix, in

@@ -34,6 +34,29 @@ func TestShardsReconciledUsesItsIndex(t *testing.T) {
 	}
 }
 
+// DrainProgress reads a generation's unreconciled shards through the
+// partial index shards_unreconciled, in its order, in the generic plan,
+// on a table where most shards are reconciled or of other generations:
+// never a scan of the table.
+func TestShardsUnreconciledUseTheirIndex(t *testing.T) {
+	conn := planConn(t, `INSERT INTO shards (id, subject, route, region, generation, gateway_id, boot_epoch, fence, allocated, spent, unknown,
+			reminted, issued_at, expires_at, key_id, signature, reconciled)
+		SELECT 'sh-' || i, 'tenant' || i % 10, 'chat.generate', 'eu', i % 40, 'gw-' || i, 1, 1, '{10,0,0,0}', '{0,0,0,0}', '{0,0,0,0}',
+			'{0,0,0,0}', i, i + 60, 'k1', '\x00', i % 50 <> 0
+		FROM generate_series(1, 20000) AS i`,
+		`ANALYZE shards`, `SET plan_cache_mode = force_generic_plan`)
+	for name, args := range map[string][]any{
+		"first page":     {int64(10), "", 64},
+		"after a cursor": {int64(10), "sh-450", 64},
+	} {
+		plan := genericPlan(t, conn, postgres.ShardsUnreconciledSQL, args)
+		t.Logf("%s:\n%s", name, plan)
+		if !strings.Contains(plan, "shards_unreconciled") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
+			t.Errorf("unreconciled shards, %s: not read through shards_unreconciled in its order:\n%s", name, plan)
+		}
+	}
+}
+
 // The meta reads by name prefix (a shard's unknown receipts for every
 // shard retention may remove, the gateways' fence rows, the retained
 // shard totals) read their key range of meta_name_bytes in the generic

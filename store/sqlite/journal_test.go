@@ -349,6 +349,7 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		"DROP TABLE resolver_answers", "DROP TABLE audit_records", // version 10
 		"DROP TABLE reservation_subjects",                                                // version 12 (which dropped version 10's index)
 		"DROP TABLE account_debtors",                                                     // version 13
+		"DROP INDEX shards_unreconciled",                                                 // version 22
 		"DROP INDEX accounts_by_route",                                                   // version 21
 		"DROP INDEX policies_key",                                                        // version 20
 		"DROP INDEX accounts_by_epoch_across",                                            // version 19

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -18,10 +19,13 @@ const (
 	shardsReconciledSQL      = "SELECT " + shardCols + " FROM shards WHERE reconciled = 1 AND expires_at <= ? ORDER BY expires_at, id LIMIT ?"
 	shardsReconciledAfterSQL = "SELECT " + shardCols + " FROM shards WHERE reconciled = 1 AND expires_at <= ? AND (expires_at, id) > (?, ?) " +
 		"ORDER BY expires_at, id LIMIT ?"
-	metaNamesSQL     = "SELECT name FROM meta WHERE name >= ? AND name < ? ORDER BY name LIMIT ?"
-	metaPrefixSQL    = "SELECT name, value FROM meta WHERE name >= ? AND name < ? ORDER BY name"
-	shardsDeleteSQL  = "DELETE FROM shards WHERE id = ?"
-	shardRemovedWhat = "delete shard "
+	// A generation's unreconciled shards (schema version 22): a range of
+	// the partial index shards_unreconciled, which the literal 0 matches.
+	shardsUnreconciledSQL = "SELECT " + shardCols + " FROM shards WHERE reconciled = 0 AND generation = ? AND id > ? ORDER BY id LIMIT ?"
+	metaNamesSQL          = "SELECT name FROM meta WHERE name >= ? AND name < ? ORDER BY name LIMIT ?"
+	metaPrefixSQL         = "SELECT name, value FROM meta WHERE name >= ? AND name < ? ORDER BY name"
+	shardsDeleteSQL       = "DELETE FROM shards WHERE id = ?"
+	shardRemovedWhat      = "delete shard "
 )
 
 // ShardsReconciled returns up to limit reconciled shards expiring at or
@@ -45,6 +49,23 @@ func (s *Store) ShardsReconciled(ctx context.Context, after store.ShardCursor, b
 		return nil, fmt.Errorf("reconciled shards: %w", err)
 	}
 	return queryAll(ctx, dbQuery{s.readDB, q}, scanShard, "reconciled shards", args...)
+}
+
+// ShardsUnreconciled returns up to f.Limit unreconciled shards of
+// f.Generation with ids after f.After, in id order, through the index
+// shards_unreconciled (store.Store).
+func (s *Store) ShardsUnreconciled(ctx context.Context, f store.UnreconciledShardFilter) (_ []ledger.Shard, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("unreconciled shards: limit %d, want a positive one", f.Limit)
+	}
+	if f.Generation > math.MaxInt64 {
+		return nil, nil
+	}
+	return queryAll(ctx, dbQuery{s.readDB, shardsUnreconciledSQL}, scanShard, "unreconciled shards", int64(f.Generation), f.After, f.Limit)
 }
 
 // MetaNames returns up to limit meta names that begin with prefix, in

@@ -9,7 +9,8 @@ import (
 
 // Shard retention reads reconciled shards through shards_reconciled, in
 // its order (no sort), and a shard's receipt counters through the meta
-// key's range, never a scan of the table.
+// key's range; DrainProgress a generation's unreconciled shards through
+// shards_unreconciled: never a scan of the table.
 func TestShardRetentionQueriesUseIndexes(t *testing.T) {
 	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
 	if err != nil {
@@ -23,6 +24,8 @@ func TestShardRetentionQueriesUseIndexes(t *testing.T) {
 		{"reconciled shards, first page", shardsReconciledSQL, "SEARCH shards USING INDEX shards_reconciled (expires_at<?)", []any{1, 64}},
 		{"reconciled shards after a cursor", shardsReconciledAfterSQL,
 			"SEARCH shards USING INDEX shards_reconciled ((expires_at,id)>(?,?) AND expires_at<?)", []any{1, 0, "a", 64}},
+		{"a generation's unreconciled shards", shardsUnreconciledSQL,
+			"SEARCH shards USING INDEX shards_unreconciled (generation=? AND id>?)", []any{3, "a", 64}},
 		{"a shard's receipt counters", metaNamesSQL, "SEARCH meta USING PRIMARY KEY (name>? AND name<?)", []any{"shard_unknown/a/", "shard_unknown/a0", 10}},
 		{"retained shard totals", metaPrefixSQL, "SEARCH meta USING PRIMARY KEY (name>? AND name<?)", []any{"shard_retained/", "shard_retained0"}},
 	} {

@@ -92,6 +92,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsPage", testAccountsPage},
 		{"AccountsPageOfSubject", testAccountsPageOfSubject},
 		{"AccountsPageOfRoute", testAccountsPageOfRoute},
+		{"ShardsUnreconciled", testShardsUnreconciled},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"AccountsByEpochAcrossGenerations", testAccountsByEpochAcross},

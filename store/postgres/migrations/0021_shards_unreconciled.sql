@@ -1,0 +1,12 @@
+-- capledger schema version 21: the unreconciled shards by generation.
+--
+-- DrainProgress counts a generation's unreconciled shards on every poll
+-- of `capledger rollback --wait`; it read every shard ever issued (those
+-- retention has not removed yet). This partial index holds the shards not
+-- reconciled by (generation, id): a generation's are one range of it
+-- (store.Store.ShardsUnreconciled). A shard enters it when issued and
+-- leaves it when reconciled.
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (it
+-- blocks writes to shards while it builds); build it beforehand with
+-- CREATE INDEX CONCURRENTLY under this name, and this step does nothing.
+CREATE INDEX IF NOT EXISTS shards_unreconciled ON shards (generation, id) WHERE NOT reconciled;
