@@ -43,7 +43,6 @@ type Ledger interface {
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
 	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
-	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error)
