@@ -337,8 +337,8 @@ func (v *drainView) live(g uint64) bool { return g <= v.newest && !v.rolledBack[
 
 // newDrainView derives a drainView from every policy, with the digest of
 // their active generations when digested (the drain memo's key): what
-// readDrainView reads page by page, from one list (the simulator's and
-// tests' reference).
+// readDrainView derives page by page, from one list (the tests'
+// reference).
 func newDrainView(policies []ledger.Policy, digested bool) *drainView {
 	active := ledger.NewActiveGenerations(policies)
 	b := newDrainViewBuilder(digested)
