@@ -98,20 +98,7 @@ type epochGeneration struct {
 	length     time.Duration
 }
 
-// epochLengths returns the generations of policies (oldest first, as
-// store.Store.PolicyList lists them) that have an epoch length, in order.
-func epochLengths(policies []ledger.Policy) []epochGeneration {
-	out := make([]epochGeneration, 0, len(policies))
-	for i := range policies {
-		if length := policies[i].EpochLength; length > 0 {
-			out = append(out, epochGeneration{policies[i].Generation, length})
-		}
-	}
-	slices.SortFunc(out, func(x, y epochGeneration) int { return cmp.Compare(x.generation, y.generation) })
-	return out
-}
-
-// lengthOf returns generation g's epoch length in gens (epochLengths), or
+// lengthOf returns generation g's epoch length in gens (EpochPager's), or
 // zero when it has none.
 func lengthOf(gens []epochGeneration, g uint64) time.Duration {
 	i, ok := slices.BinarySearchFunc(gens, g, func(e epochGeneration, g uint64) int { return cmp.Compare(e.generation, g) })
@@ -155,21 +142,26 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 	// The generations' epoch lengths: those since remembers and the
 	// generations published since (a generation and its epoch length
 	// never change, and none is ever removed), else every policy.
+	// They are read a page at a time (a new leader's first pass reads
+	// every policy: at a million, all at once, that took about 500 MB
+	// beside the server's warm load of the same).
 	var gens []epochGeneration
-	var policies []ledger.Policy
-	var err error
+	var after uint64
 	if since != nil {
-		gens, p.newest = since.gens, since.known
-		policies, err = c.store.PolicyListAfter(ctx, since.known)
-	} else {
-		policies, err = c.store.PolicyList(ctx)
+		gens, p.newest, after = slices.Clip(since.gens), since.known, since.known
 	}
+	err := c.eachPolicyPage(ctx, after, func(page []store.ListedPolicy) error {
+		for i := range page {
+			pol := &page[i].Policy
+			if pol.EpochLength > 0 {
+				gens = append(gens, epochGeneration{pol.Generation, pol.EpochLength})
+			}
+			p.newest = max(p.newest, pol.Generation)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
-	}
-	if n := len(policies); n > 0 {
-		gens = append(slices.Clip(gens), epochLengths(policies)...)
-		p.newest = max(p.newest, policies[n-1].Generation)
 	}
 	p.gens = gens
 	for _, e := range gens {
@@ -344,43 +336,140 @@ type drainView struct {
 func (v *drainView) live(g uint64) bool { return g <= v.newest && !v.rolledBack[g] }
 
 // newDrainView derives a drainView from every policy, with the digest of
-// their active generations when digested (the drain memo's key).
+// their active generations when digested (the drain memo's key): what
+// readDrainView derives page by page, from one list (the tests'
+// reference).
 func newDrainView(policies []ledger.Policy, digested bool) *drainView {
 	active := ledger.NewActiveGenerations(policies)
-	v := &drainView{rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}
-	if digested {
-		v.digest = digestActive(active)
-	}
+	b := newDrainViewBuilder(digested)
 	for i := range policies {
 		pol := &policies[i]
-		v.newest = max(v.newest, pol.Generation)
-		if pol.RolledBack {
-			v.rolledBack[pol.Generation] = true
-		}
 		g, ok := active.Active(pol.Key)
-		if ok && g == pol.Generation {
-			if pol.Key.Subject != ledger.AnySubject {
-				continue // decides for its one subject: nothing to drain
-			}
-			// An active AnySubject generation decides for every subject of
-			// its route but those with an active policy of their own.
-			for own, ownGen := range active {
-				if own.Subject != ledger.AnySubject && own.Route == pol.Key.Route && own.Region == pol.Key.Region && ownGen != 0 {
-					v.points = append(v.points, ledger.AccountKey{Subject: own.Subject, Route: own.Route, Region: own.Region, Generation: pol.Generation})
-				}
-			}
-			continue
+		star, _ := active.Active(ledger.PolicyKey{Subject: ledger.AnySubject, Route: pol.Key.Route, Region: pol.Key.Region})
+		b.add(pol, ok && g == pol.Generation, star)
+	}
+	return b.v
+}
+
+// drainViewBuilder derives a drainView one policy at a time, oldest
+// first, each given whether it is its key's active generation
+// (ledger.DecidingGeneration's rule 1, as the store's head says or
+// ledger.ActiveGenerations computes) and its route's AnySubject key's
+// active generation.
+type drainViewBuilder struct {
+	v        *drainView
+	digested bool
+}
+
+func newDrainViewBuilder(digested bool) *drainViewBuilder {
+	b := &drainViewBuilder{v: &drainView{rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}, digested: digested}
+	if digested {
+		b.v.digest = activeDigest{n: 1} // digestActive of none
+	}
+	return b
+}
+
+// add takes pol in: active is whether it is its key's active generation,
+// star the active generation of its route's AnySubject key (0 for none;
+// only asked of an active generation of a concrete subject).
+func (b *drainViewBuilder) add(pol *ledger.Policy, active bool, star uint64) {
+	v := b.v
+	v.newest = max(v.newest, pol.Generation)
+	if pol.RolledBack {
+		v.rolledBack[pol.Generation] = true
+	}
+	if active {
+		if b.digested {
+			v.digest.add(pol.Key, pol.Generation)
 		}
-		v.superseded = append(v.superseded, pol.Generation)
-		if !pol.RolledBack {
-			for _, d := range pol.Dimensions {
-				if d.Refills() {
-					v.refills[pol.Generation] = true
-				}
+		// A concrete subject with an active policy of its own under a
+		// still-active AnySubject generation of its route: that
+		// generation does not decide for it, and its account there is
+		// a point to drain.
+		if pol.Key.Subject != ledger.AnySubject && star != 0 {
+			v.points = append(v.points, ledger.AccountKey{Subject: pol.Key.Subject, Route: pol.Key.Route, Region: pol.Key.Region, Generation: star})
+		}
+		return // decides (for its one subject, or for its route's others)
+	}
+	v.superseded = append(v.superseded, pol.Generation)
+	if !pol.RolledBack {
+		for _, d := range pol.Dimensions {
+			if d.Refills() {
+				v.refills[pol.Generation] = true
 			}
 		}
 	}
-	return v
+}
+
+// readDrainView derives a drainView from every policy, read a page of
+// policyPage at a time in generation order, each with whether its
+// key's head names it active in the same read (store.ListedPolicy), and
+// the active generations of the pages' AnySubject keys (one
+// store.Store.PolicyHeads read per page that needs one it has not read).
+// Without a change meanwhile its findings are newDrainView's over one
+// read of every policy. A publish or a rollback that commits during the
+// read may show in the pages after it and not in those before; it moves
+// store.Store.PolicyChanges, which the caller read before the first page,
+// so the next pass reads every page again (and a drain picked on a stale
+// view costs one no-op: the ledger drains to what decides at commit).
+func (c *Core) readDrainView(ctx context.Context, digested bool) (*drainView, error) {
+	b := newDrainViewBuilder(digested)
+	stars := map[ledger.PolicyKey]uint64{}
+	err := c.eachPolicyPage(ctx, 0, func(page []store.ListedPolicy) error {
+		var unread []ledger.PolicyKey
+		for i := range page {
+			key := page[i].Policy.Key
+			star := ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region}
+			if _, ok := stars[star]; !ok && page[i].Active && key.Subject != ledger.AnySubject && !slices.Contains(unread, star) {
+				unread = append(unread, star)
+			}
+		}
+		if len(unread) > 0 {
+			heads, err := c.store.PolicyHeads(ctx, unread)
+			if err != nil {
+				return fmt.Errorf("heads of %d routes' %q policies: %w", len(unread), ledger.AnySubject, err)
+			}
+			for _, star := range unread {
+				stars[star] = heads[star].Active
+			}
+		}
+		for i := range page {
+			key := page[i].Policy.Key
+			b.add(&page[i].Policy, page[i].Active, stars[ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region}])
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b.v, nil
+}
+
+// policyPage is how many policies a worker's pass reads at a time
+// (eachPolicyPage): the drain pass after a change and a new epoch
+// leader's first pass hold one page of decoded policies, not every
+// policy (about 290 MB at 900,000).
+const policyPage = 1000
+
+// eachPolicyPage calls f with the generations newer than after, oldest
+// first, a page of at most policyPage at a time (store.Store.PolicyPage:
+// each a read of its own, each policy with whether its key's head names
+// it active in the same read), and returns the first read's or f's
+// error.
+func (c *Core) eachPolicyPage(ctx context.Context, after uint64, f func(page []store.ListedPolicy) error) error {
+	for {
+		page, err := c.store.PolicyPage(ctx, store.PolicyFilter{After: after, Limit: policyPage})
+		if err != nil {
+			return fmt.Errorf("policies after %d: %w", after, err)
+		}
+		if err := f(page); err != nil {
+			return err
+		}
+		if len(page) < policyPage {
+			return nil
+		}
+		after = page[len(page)-1].Policy.Generation
+	}
 }
 
 // drainView returns the view of the policies for a drain pass: known's,
@@ -388,11 +477,7 @@ func newDrainView(policies []ledger.Policy, digested bool) *drainView {
 // one from every policy (then kept in known, when not nil).
 func (c *Core) drainView(ctx context.Context, known *DrainPolicies, digested bool) (*drainView, error) {
 	if known == nil {
-		policies, err := c.store.PolicyList(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("policies: %w", err)
-		}
-		return newDrainView(policies, digested), nil
+		return c.readDrainView(ctx, digested)
 	}
 	// The count first: a change that commits between the two reads is
 	// in the list, and moves the count the next pass reads.
@@ -404,11 +489,11 @@ func (c *Core) drainView(ctx context.Context, known *DrainPolicies, digested boo
 		known.passes++
 		return known.view, nil
 	}
-	policies, err := c.store.PolicyList(ctx)
+	view, err := c.readDrainView(ctx, true)
 	if err != nil {
-		return nil, fmt.Errorf("policies: %w", err)
+		return nil, err
 	}
-	known.view, known.changes, known.passes = newDrainView(policies, true), changes, 0
+	known.view, known.changes, known.passes = view, changes, 0
 	return known.view, nil
 }
 

@@ -29,6 +29,12 @@ func (s *epochCallStore) PolicyList(ctx context.Context) ([]ledger.Policy, error
 	return out, err
 }
 
+func (s *epochCallStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	out, err := s.Store.PolicyPage(ctx, f)
+	s.policies.Add(int64(len(out)))
+	return out, err
+}
+
 func (s *epochCallStore) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
 	out, err := s.Store.PolicyListAfter(ctx, after)
 	s.policies.Add(int64(len(out)))

@@ -63,6 +63,13 @@ func (s *unreachableStore) PolicyList(ctx context.Context) ([]ledger.Policy, err
 	return s.Store.PolicyList(ctx)
 }
 
+func (s *unreachableStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	if err := s.failure(); err != nil {
+		return nil, err
+	}
+	return s.Store.PolicyPage(ctx, f)
+}
+
 func (s *unreachableStore) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
 	if err := s.failure(); err != nil {
 		return nil, err

@@ -487,16 +487,24 @@ var activeSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 // digestActive returns the digest of active (n 0 for none: a memo
 // without verdicts matches no pass until its first update, as nil did).
 func digestActive(active ledger.ActiveGenerations) activeDigest {
+	d := activeDigest{n: 1}
+	for k, g := range active {
+		d.add(k, g)
+	}
+	return d
+}
+
+// add takes one more active generation, key's, into d (started as
+// digestActive of none, n 1): the sums are order-free, so a drain pass
+// that reads the policies a page at a time digests them as it goes.
+func (d *activeDigest) add(key ledger.PolicyKey, generation uint64) {
 	type entry struct {
 		key        ledger.PolicyKey
 		generation uint64
 	}
-	d := activeDigest{n: len(active) + 1}
-	for k, g := range active {
-		d.sum1 += maphash.Comparable(activeSeeds[0], entry{k, g})
-		d.sum2 += maphash.Comparable(activeSeeds[1], entry{k, g})
-	}
-	return d
+	d.n++
+	d.sum1 += maphash.Comparable(activeSeeds[0], entry{key, generation})
+	d.sum2 += maphash.Comparable(activeSeeds[1], entry{key, generation})
 }
 
 // drainVerdict is what the memo holds for one generation.

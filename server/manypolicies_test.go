@@ -17,8 +17,9 @@ import (
 )
 
 // policyListCounting counts reads of every policy (PolicyList, and
-// PolicyListAfter from the start: fromStart), and the rows read as new
-// (PolicyListAfter).
+// PolicyListAfter or an unfiltered PolicyPage from the start:
+// fromStart), and the rows read as new (PolicyListAfter, and PolicyPage
+// unfiltered: the cache's catch-up reads pages of it).
 type policyListCounting struct {
 	store.Store
 	lists, newRows, afterReads, fromStart atomic.Int64
@@ -32,6 +33,18 @@ func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) 
 	}
 	s.newRows.Add(int64(len(newer)))
 	return newer, err
+}
+
+func (s *policyListCounting) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	page, err := s.Store.PolicyPage(ctx, f)
+	if f == (store.PolicyFilter{After: f.After, Limit: f.Limit}) {
+		s.afterReads.Add(1)
+		if f.After == 0 {
+			s.fromStart.Add(1)
+		}
+		s.newRows.Add(int64(len(page)))
+	}
+	return page, err
 }
 
 func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -487,17 +500,17 @@ func TestWarmPoliciesBeforeReady(t *testing.T) {
 }
 
 // failingFirstLoads fails its first fails reads of every policy from the
-// start (PolicyListAfter(0)).
+// start (PolicyPage after 0, the cache's first page).
 type failingFirstLoads struct {
 	store.Store
 	fails atomic.Int64
 }
 
-func (s *failingFirstLoads) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
-	if after == 0 && s.fails.Add(-1) >= 0 {
+func (s *failingFirstLoads) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	if f.After == 0 && s.fails.Add(-1) >= 0 {
 		return nil, fmt.Errorf("policies after 0: %w", store.ErrUnavailable)
 	}
-	return s.Store.PolicyListAfter(ctx, after)
+	return s.Store.PolicyPage(ctx, f)
 }
 
 // A load that fails is retried; meanwhile /readyz names its error.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // generatedPolicies is a Ledger that reads n policies, one per subject,
@@ -31,16 +32,22 @@ func (l *generatedPolicies) row(i int) ledger.Policy {
 	}
 }
 
-func (l *generatedPolicies) PoliciesAfter(_ context.Context, generation uint64) ([]ledger.Policy, error) {
-	var out []ledger.Policy
-	for i := int(generation); i < l.n; i++ {
-		out = append(out, l.row(i))
+// PoliciesPage returns up to f.Limit rows after f.After, each its key's
+// only generation (active).
+func (l *generatedPolicies) PoliciesPage(_ context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	var out []store.ListedPolicy
+	for i := int(f.After); i < l.n && len(out) < f.Limit; i++ {
+		out = append(out, store.ListedPolicy{Policy: l.row(i), Active: true})
 	}
 	return out, nil
 }
 
-func (l *generatedPolicies) Policies(ctx context.Context) ([]ledger.Policy, error) {
-	return l.PoliciesAfter(ctx, 0)
+func (l *generatedPolicies) Policies(context.Context) ([]ledger.Policy, error) {
+	var out []ledger.Policy
+	for i := range l.n {
+		out = append(out, l.row(i))
+	}
+	return out, nil
 }
 
 // liveHeap returns the bytes the heap holds after a collection.

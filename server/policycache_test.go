@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,7 +18,7 @@ type policyRows struct {
 	Ledger
 	rows  []ledger.Policy
 	reads int // Policy calls
-	// afterRows counts the rows PoliciesAfter returned.
+	// afterRows counts the rows PoliciesPage returned.
 	afterRows int
 }
 
@@ -24,11 +26,15 @@ func (l *policyRows) Policies(context.Context) ([]ledger.Policy, error) {
 	return append([]ledger.Policy(nil), l.rows...), nil
 }
 
-func (l *policyRows) PoliciesAfter(_ context.Context, generation uint64) ([]ledger.Policy, error) {
-	var out []ledger.Policy
+// PoliciesPage returns up to f.Limit rows newer than f.After (the rows
+// are in generation order), each with whether its key's head names it
+// active. The cache reads no other filter.
+func (l *policyRows) PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	var out []store.ListedPolicy
 	for _, p := range l.rows {
-		if p.Generation > generation {
-			out = append(out, p)
+		if p.Generation > f.After && len(out) < f.Limit {
+			h, _ := l.PolicyHead(ctx, p.Key)
+			out = append(out, store.ListedPolicy{Policy: p, Active: h.Active == p.Generation})
 		}
 	}
 	l.afterRows += len(out)
@@ -306,5 +312,72 @@ func TestPolicyCacheDoesNotReadBackWhatWasPublishedHere(t *testing.T) {
 	}
 	if p, ok := cache.active(key(burst + 1)); !ok || p.Generation != elsewhere {
 		t.Fatalf("the key published elsewhere: %+v, %v; want generation %d", p, ok, elsewhere)
+	}
+}
+
+// pagedRows is policyRows recording the size of each page read.
+type pagedRows struct {
+	*policyRows
+	pages []int
+}
+
+func (l *pagedRows) PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	out, err := l.policyRows.PoliciesPage(ctx, f)
+	l.pages = append(l.pages, len(out))
+	return out, err
+}
+
+// The load after a start reads the policies a page of at most cachePage
+// at a time (one read of 1,000,000 policies at once, beside the workers'
+// own, had not finished after 10 minutes at a 1,022 MB peak), and ends
+// with the cache a read of every policy at once makes (reloadLocked):
+// each key's active generation and two newest, the same generations kept.
+// The generations: more than two pages of tenants' policies, some
+// republished, some rolled back (one down to none), and a "*" policy.
+func TestPolicyCacheLoadsAPageAtATime(t *testing.T) {
+	ctx := context.Background()
+	l := &pagedRows{policyRows: &policyRows{}}
+	key := func(i int) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%d", i), Route: "chat.generate", Region: "eu"}
+	}
+	l.publish(ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"})
+	for i := range 2*cachePage + 300 {
+		g := l.publish(key(i))
+		switch i % 7 {
+		case 1:
+			l.publish(key(i))
+		case 2:
+			l.rows[l.publish(key(i))-1].RolledBack = true
+		case 3:
+			l.rows[g-1].RolledBack = true
+		}
+	}
+	loaded := newPolicyCache(l)
+	read, err := loaded.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read != len(l.rows) || len(l.pages) < len(l.rows)/cachePage {
+		t.Fatalf("the load read %d of %d policies in pages %v", read, len(l.rows), l.pages)
+	}
+	for _, n := range l.pages {
+		if n > cachePage {
+			t.Fatalf("a page of %d policies, want at most %d (pages %v)", n, cachePage, l.pages)
+		}
+	}
+	whole := newPolicyCache(l.policyRows)
+	if _, err := whole.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(loaded.keys, whole.keys) {
+		t.Fatalf("the paged load's keys differ from a read of every policy's (%d against %d keys)", len(loaded.keys), len(whole.keys))
+	}
+	if !slices.Equal(slices.Sorted(maps.Keys(loaded.kept)), slices.Sorted(maps.Keys(whole.kept))) || loaded.through != whole.through {
+		t.Fatalf("the paged load keeps %d generations through %d, a read of every policy %d through %d",
+			len(loaded.kept), loaded.through, len(whole.kept), whole.through)
+	}
+	rolledBackToNone := key(3)
+	if _, ok := loaded.active(rolledBackToNone); !ok {
+		t.Fatal("a tenant whose only generation was rolled back has no deciding policy, want the \"*\" one")
 	}
 }

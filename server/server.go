@@ -43,7 +43,6 @@ type Ledger interface {
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
 	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
-	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error)
@@ -482,8 +481,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // warmRetry is how long WarmPolicies waits after a failed load.
 const warmRetry = time.Second
 
-// WarmPolicies reads every policy into the server's policy cache once,
-// retrying a failed read every warmRetry, and returns nil when it is done
+// WarmPolicies reads every policy into the server's policy cache once, a
+// page at a time (policyCache.catchUpLocked), retrying a failed read
+// every warmRetry from the page it stopped at, and returns nil when it is done
 // or ctx's error when ctx ends first. With Config.WarmPolicies, /readyz
 // answers 503 until then. Reserves do not wait for it unless their key is
 // not cached yet (they then wait for the load, as for the first miss).

@@ -149,6 +149,8 @@ var layers = []layer{
 		why: "a measurement tool: reserves through the engine over SQLite across an epoch rollover (docs/PERFORMANCE.md)"},
 	{pkg: "scripts/cutheap", imports: []string{"engine", "ledger", "store", "store/sqlite"},
 		why: "a measurement tool: profiles the heap of a checkpoint cut over a SQLite store (docs/PERFORMANCE.md)"},
+	{pkg: "scripts/drainheap", imports: []string{"engine", "store/sqlite"},
+		why: "a measurement tool: runs the drain pass and a new epoch leader's first pass over a SQLite store of many policies (docs/PERFORMANCE.md)"},
 	{pkg: "scripts/debtlist", imports: []string{"engine", "ledger", "store", "store/sqlite", "store/postgres"},
 		why: "a measurement tool: times a ListDebts page over a SQLite or PostgreSQL store of many accounts (docs/PERFORMANCE.md)"},
 	{pkg: "scripts/manypolicies", imports: nil, stdOnly: true,
