@@ -8,9 +8,10 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
-// Adversarial review of the owing set (ledger/owing.go) and the shard
-// remint's dropped-unit debt: tests that FAIL on the merged code, each
-// naming the promise it checks.
+// Regression tests from an adversarial review of the owing set
+// (ledger/owing.go) and the shard remint's dropped-unit debt: each failed
+// on 41afc90a and names the promise it checks; the comments describe the
+// defect as it was (fixed in settleOwing and slowestOwing).
 
 // Promise (docs/API.md, PublishPolicy; docs/ROLLOUT.md, dropped units):
 // while ANY account of the subject owes debt in a unit the deciding
@@ -21,7 +22,7 @@ import (
 // owing set only when the current account itself owes: g1 owes nothing,
 // so the subject is admitted while g0 still owes images (and g0, never
 // brought to now again, keeps its debt and its set rows for good).
-func TestOwingReviewRollbackAfterCurrentRepaidAdmitsWhileAnotherOwes(t *testing.T) {
+func TestOwingRollbackAfterCurrentRepaidStaysFrozen(t *testing.T) {
 	c, g0, g1, g2 := twoOwing(t, 7) // g1 owes 3 requests, g0 owes 5 images
 	c.advance(3 * time.Second)
 	// g1's requests are repaid (this refusal writes it), g0 owes 2 images.
@@ -50,7 +51,7 @@ func TestOwingReviewRollbackAfterCurrentRepaidAdmitsWhileAnotherOwes(t *testing.
 // to g2. 500 tokens left, 400 used, 3 s at 100/s: at most 400 available,
 // so a Reserve of 600 must not be admitted (it is, with 700). Introduced
 // by owedtwice: this test passes at 2c4b3f61^1.
-func TestOwingReviewRecordDebtOnDecidingAccountRefillsTokensTwice(t *testing.T) {
+func TestOwingRecordDebtOnDecidingAccountRefillsOnce(t *testing.T) {
 	c := newChecked(t)
 	g1 := c.publish(policyOf(tokens(1000, 100), requestsDim))
 	c.must(c.reserve("a", 500, 1))
@@ -84,7 +85,7 @@ func TestOwingReviewRecordDebtOnDecidingAccountRefillsTokensTwice(t *testing.T) 
 // 5 s then brings it to now as an ordinary current account (bringToNow,
 // full refill) and mints 2 requests of available capacity in a unit the
 // deciding generation drops, for the 2 s after its debt was repaid.
-func TestOwingReviewRepaidCurrentMintsDroppedUnitAtTheSwitch(t *testing.T) {
+func TestOwingRepaidCurrentMintsNothingInDroppedUnit(t *testing.T) {
 	c, g0, g1, g2 := twoOwing(t, 7) // g1 owes 3 requests, g0 owes 5 images
 	c.advance(3 * time.Second)
 	mustFrozenBy(t, c.reserve("d", 10), "images", g2, 2*time.Second) // g1 repaid, g0 owes 2
@@ -113,7 +114,7 @@ func TestOwingReviewRepaidCurrentMintsDroppedUnitAtTheSwitch(t *testing.T) {
 // deciding generation's account, whose tokens debt freezes the subject
 // again after g0 is repaid, so the retry at the promised time is refused.
 // Older than owedtwice (fails at 2c4b3f61^1 too).
-func TestOwingReviewRetryAfterIgnoresDecidingAccountsDebt(t *testing.T) {
+func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 	c := newChecked(t)
 	c.publish(policyOf(tokens(1000, 100), imagesDim))
 	c.must(c.reserve("a", 10, 1))
