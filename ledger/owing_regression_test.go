@@ -9,9 +9,10 @@ import (
 )
 
 // Regression tests from an adversarial review of the owing set
-// (ledger/owing.go) and the shard remint's dropped-unit debt: each failed
-// on 41afc90a and names the promise it checks; the comments describe the
-// defect as it was (fixed in settleOwing and slowestOwing).
+// (ledger/owing.go) and the shard remint's dropped-unit debt: the first
+// four failed on 41afc90a, each naming the promise it checks; their
+// comments describe the defect as it was (fixed in settleOwing and
+// slowestOwing).
 
 // Promise (docs/API.md, PublishPolicy; docs/ROLLOUT.md, dropped units):
 // while ANY account of the subject owes debt in a unit the deciding
@@ -132,5 +133,42 @@ func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 	c.advance(first.RetryAfter)
 	if res := c.reserve("d", 10); res.Err != nil {
 		t.Fatalf("retried after the promised %s: %v (retry after %s more); the retry-after did not count the tokens debt", first.RetryAfter, res.Err, res.RetryAfter)
+	}
+}
+
+// The deciding generation's account, not current, leaves the units the
+// current account limits to that account's refill (settleOwing): its
+// cursor there moves along, so when an owing account that does not limit
+// tokens becomes current, it repays its tokens debt from then on, not
+// for the time the first current account refilled tokens. g1 (tokens,
+// images) owes 3 images until 3 s, g0 (requests only) owes 5 requests
+// until 5 s, and a record while frozen leaves 400 tokens owed on g2's
+// account at 0 s. At 3 s g0 becomes current; at 4 s g2's account has
+// repaid 1 s of tokens (100), not 4 s.
+func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
+	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
+	c := newChecked(t)
+	g0 := c.publish(policyOf(requestsDim))
+	c.must(c.reserve("a", 1))
+	c.must(c.start("a"))
+	g1 := c.publish(policyOf(tokens(1000, 100), imagesDim))
+	c.must(c.reserve("b", 10, 1))
+	c.must(c.start("b"))
+	c.must(c.settle("b", 10, 5)) // g1 owes 3 images
+	g2 := c.publish(policyOf(tokens(1000, 100), videos))
+	c.must(c.settle("a", 7)) // late: g0 owes 5 requests
+	rec := c.must(c.record("r", 400, 1))
+	if rec.Reservation.Account.Generation != g2 || c.account(g2).Balances[0].Debt() != 400 {
+		t.Fatalf("record on %s, generation %d's tokens %+v; want 400 owed there", rec.Reservation.Account, g2, c.account(g2).Balances[0])
+	}
+	c.advance(3 * time.Second)
+	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 4*time.Second)
+	if !isCurrentGen(c, g0) {
+		t.Fatalf("generation %d (owing requests) is not current once %d is repaid", g0, g1)
+	}
+	c.advance(time.Second)
+	c.reserve("y", 10)
+	if d := c.account(g2).Balances[0].Debt(); d != 300 {
+		t.Fatalf("generation %d owes %d tokens at 4 s, want 300 (repaid from 3 s, when generation %d stopped refilling tokens)", g2, d, g1)
 	}
 }
