@@ -161,7 +161,10 @@ func TestDroppedDebtRecordDebtSurvivesRollback(t *testing.T) {
 	if rec.Reservation.Account.Generation != g2 || rec.Reservation.State != ledger.StateSettledWithDebt {
 		t.Fatalf("record while frozen: %s on %s; want SETTLED_WITH_DEBT on generation %d", rec.Reservation.State, rec.Reservation.Account, g2)
 	}
-	mustFrozenBy(t, c.reserve("b", 10), "requests", g2, 3*time.Second)
+	// The retry-after counts g2's images debt too (5 s at 1/s): retried
+	// when g1's requests are repaid (3 s), the subject would switch to
+	// g2 and be refused by the 2 images still owed there.
+	mustFrozenBy(t, c.reserve("b", 10), "images", g2, 5*time.Second)
 	c.must(c.rollback(testSubject, g2)) // g1 decides again; it does not limit images
 	c.advance(3 * time.Second)          // g1's requests are repaid
 	mustFrozenBy(t, c.reserve("c", 10), "images", g1, 2*time.Second)

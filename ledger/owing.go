@@ -17,14 +17,18 @@ import (
 // to the deciding generation's account while another account is current
 // (Record); a shard's overuse charged to its own account (markOwing is
 // the function a caller outside this file uses). It leaves once it owes
-// nothing, or when the subject switches to the deciding generation, which
-// takes its remaining debt (releaseOwing).
+// nothing (unless it holds capacity the switch must move, settleOwing),
+// or when the subject switches to the deciding generation, which takes
+// its remaining debt (releaseOwing).
 //
 // While any member owes debt in a unit the deciding generation does not
-// limit, the subject is frozen: its current account is such a member (so
-// the hot path, current = deciding, stays a read of the current pointer
-// and nothing more), every member refills that unit only to repay it,
-// and the retry-after comes from the current one (settleOwing). Only
+// limit, the subject is frozen: its current account is such a member,
+// after every command (settleOwing makes one current when it is not), so
+// the hot path, current = deciding and owing nothing, stays a read of the
+// current pointer and nothing more even after a rollback; every member
+// refills that unit only to repay it, and the retry-after is the slowest
+// of the current one's and every other owing account's, the deciding
+// generation's included (slowestOwing). Only
 // commands that read the subject's current pointer first read or write
 // the set, so replicas serialise on the subject's rows.
 
@@ -131,21 +135,38 @@ func markOwing(b Book, a *Account, now time.Time) {
 // settleOwing brings the subject's owing accounts to now and decides
 // whether the subject is frozen under p, the deciding generation's
 // policy; current is the generation of the subject's current account.
-// The current account joins the set when it owes debt in a unit p does
-// not limit. Each member refills: the current one as bringOwingToNow
-// does (or as the deciding generation's account when it is p's, a
-// rollback having made it decide again), any other only to repay debt in
-// a unit p does not limit (it holds none of the subject's capacity).
-// Members that owe nothing leave the set.
+// While the set is not empty the current account is always a member
+// (unless it is p's), so it is brought to now as bringOwingToNow does
+// and a repaid one mints nothing beyond its debt in a unit p drops; it
+// joins the set for good only when it owes debt p does not limit. Each
+// member refills: the current one as bringOwingToNow does (or as the
+// deciding generation's account when it is p's, a rollback having made
+// it decide again), p's account when not current only to repay debt in
+// a unit the current account does not limit (the current account refills
+// the others, and its refill moves to p's account at the switch: both
+// refilling would mint the subject's capacity twice), any other only to
+// repay debt in a unit p does not limit (it holds none of the subject's
+// capacity). Members that owe nothing leave, except one holding available
+// capacity in a unit p limits (a current account an owing one replaced,
+// below): releaseOwing moves it at the switch.
 //
 // When some member owes debt in a unit p does not limit, the subject is
 // frozen: it returns the current account with its own policy, and
-// frozen. The current account stays (it holds the subject's capacity)
-// unless it is p's (a rollback made it decide again): then an owing
-// member becomes current (makeCurrent), so that the hot path, which reads
-// no set, is not taken. Otherwise it
-// returns the members left (owing debt p can take, which releaseOwing
-// moves once the subject switches), not frozen.
+// frozen. The invariant is: while the subject is frozen, its current
+// account owes debt p does not limit. So when the current account does
+// not (it was repaid, or it is p's after a rollback), an owing member
+// becomes current (makeCurrent): else a rollback could make the current
+// account's generation decide again, and the hot path, which reads no
+// set for an account that owes nothing, would admit. The account replaced
+// no longer refills (the new current one refills for the time): what it
+// holds moves to the new one (moveBetween), so the subject's capacity is
+// where its admission is decided, and what the new one cannot take (a
+// unit p limits that it does not) stays with the account in the set, for
+// the switch to move (releaseOwing). p's own account, replaced after a
+// rollback, keeps its capacity: it is the switch's destination.
+// Otherwise it returns the members left (owing debt p can take, or
+// holding capacity, which releaseOwing moves once the subject switches),
+// not frozen.
 func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.Time) (a *Account, ap *Policy, frozen bool, rest []uint64) {
 	if mutantOn("dropped_debt_forgotten") {
 		return nil, nil, false, nil
@@ -154,13 +175,19 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 	members := slices.Clone(old)
 	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: current}
 	if current != p.Generation && !slices.Contains(members, current) {
-		if m, mp, err := accountFor(b, key); err == nil && owesDropped(m, mp, p) {
+		if len(members) > 0 {
+			// Brought to now with the set, a repaid current account
+			// mints nothing in a unit p drops, and one replaced below
+			// moves its capacity as of now.
+			members = append(members, current)
+		} else if m, mp, err := accountFor(b, key); err == nil && owesDropped(m, mp, p) {
 			members = append(members, current)
 		}
 	}
 	if len(members) == 0 {
 		return nil, nil, false, nil
 	}
+	currentPolicy, _ := b.Policy(current)
 	var owing []uint64 // members that owe debt p does not limit
 	for _, g := range members {
 		key.Generation = g
@@ -173,7 +200,21 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 			if g == current {
 				bringToNow(b, m, p, now, !p.RolledBack)
 			} else {
-				repayOnly(b, m, p, now, 0) // the current account refills its capacity
+				skip := uint8(0xff) // no current account's policy: refill nothing
+				if currentPolicy != nil && refillsFor(currentPolicy) {
+					skip = limitedBy(m, mp, currentPolicy)
+				} else if currentPolicy != nil {
+					skip = 0 // the current account refills only to repay
+				}
+				repayOnly(b, m, p, now, skip)
+				// The current account refilled the skipped units
+				// up to now: if a later current one does not limit
+				// them, this account repays them from now on.
+				for i := 0; i < m.Dims; i++ {
+					if skip&(1<<i) != 0 {
+						m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
+					}
+				}
 			}
 		case g == current:
 			bringOwingToNow(b, m, mp, p, now)
@@ -182,6 +223,9 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		}
 		b.AccountPut(m)
 		if _, debt := m.Debt(); debt == 0 {
+			if g != current && g != p.Generation && holdsFor(m, mp, p) {
+				rest = append(rest, g)
+			}
 			continue
 		}
 		rest = append(rest, g)
@@ -189,19 +233,30 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 			owing = append(owing, g)
 		}
 	}
-	owingPut(b, subject, old, rest)
-	if len(owing) == 0 {
-		return nil, nil, false, rest
-	}
-	if current == p.Generation {
-		// A rollback made the current account's generation decide
-		// again: the hot path would read no set. An owing account
-		// becomes current, so the subject's commands look at the set
-		// until it is repaid; p's account repays its own debt meanwhile.
+	if len(owing) > 0 && !slices.Contains(owing, current) {
+		// Keep the invariant: an owing member becomes current.
 		key.Generation = owing[0]
 		if m, ok := b.Account(key); ok {
 			makeCurrent(b, m, now)
+			replaced := key
+			replaced.Generation = current
+			if r, rp, err := accountFor(b, replaced); err == nil && current != p.Generation {
+				// What the replaced account holds moves to the new
+				// current one, which refills it from now on and
+				// whose admission decides; capacity in a unit p
+				// limits and the new one does not stays, and the
+				// replaced account with it in the set, for
+				// releaseOwing to move at the switch.
+				moveBetween(b, r, m, MoveForward, "owing:"+r.Key.String()+":"+strconv.FormatUint(r.Version, 10), now)
+				if r, ok := b.Account(replaced); ok && holdsFor(r, rp, p) && !slices.Contains(rest, current) {
+					rest = append(rest, current)
+				}
+			}
 		}
+	}
+	owingPut(b, subject, old, rest)
+	if len(owing) == 0 {
+		return nil, nil, false, rest
 	}
 	key.Generation, _ = b.AccountCurrent(subject)
 	a, ap, err := accountFor(b, key)
@@ -209,6 +264,17 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		return nil, nil, false, nil
 	}
 	return a, ap, true, nil
+}
+
+// holdsFor reports whether a (under its policy ap) holds available
+// capacity in a unit p limits: capacity the switch to p must move.
+func holdsFor(a *Account, ap, p *Policy) bool {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if a.Balances[i].Available > 0 && p.DimensionIndex(ap.Dimensions[i].Unit) >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // repayOnly brings a, an owing account that does not hold its subject's
@@ -260,30 +326,66 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 
 // slowestOwing returns the unit and the retry-after of the slowest debt
 // among the subject's owing accounts other than current (the subject's
-// current account, whose refusal admit decides) in a unit p does not
-// limit: how long each one's refill needs to repay it (refillWait), 0
-// (never) being the slowest. ok is false when no other account owes such
-// debt.
-func slowestOwing(b Book, current *Account, p *Policy, now time.Time) (unit string, wait time.Duration, ok bool) {
+// current account, under its policy cp, whose refusal admit decides):
+// debt in a unit p does not limit, which each account's refill repays
+// (refillWait), and the debt of p's own account, which the subject
+// switches to once the others are repaid (p limits all of it), with the
+// request's units (units, in p's dimensions): a retry after the wait
+// returned is admitted as far as debt goes. While frozen, p's account
+// refills only what the current account does not (settleOwing), so its
+// debt in a unit the current account refills waits on the current
+// account's refill, which the switch moves to p's account, for that debt,
+// the current account's own debt there and the units, less what is
+// available there now; in another unit, on p's account's own refill. 0
+// (never) is the slowest. ok is false when no other account owes.
+func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now time.Time) (unit string, wait time.Duration, ok bool) {
 	key := current.Key
-	for _, g := range owingOf(b, current.Key.SubjectKey()) {
-		if g == current.Key.Generation || g == p.Generation {
+	consider := func(u string, w time.Duration) {
+		if !ok || slower(w, wait) {
+			unit, wait, ok = u, w, true
+		}
+	}
+	gens := owingOf(b, current.Key.SubjectKey())
+	if current.Key.Generation != p.Generation && !slices.Contains(gens, p.Generation) {
+		// p's account owes outside the set when the switch to it moved
+		// the debt there before an owing account became current.
+		gens = append(gens, p.Generation)
+	}
+	for _, g := range gens {
+		if g == current.Key.Generation {
 			continue
 		}
 		key.Generation = g
 		m, mp, err := accountFor(b, key)
 		if err != nil {
-			continue
+			continue // p's account may not exist yet
 		}
 		for i := 0; i < m.Dims && i < len(mp.Dimensions); i++ {
 			debt := m.Balances[i].Debt()
-			if debt <= 0 || p.DimensionIndex(mp.Dimensions[i].Unit) >= 0 {
+			if debt <= 0 {
 				continue
 			}
-			if w := refillWait(m, &mp.Dimensions[i], i, debt, now); !ok || slower(w, wait) {
-				unit, wait, ok = mp.Dimensions[i].Unit, w, true
+			d := &mp.Dimensions[i]
+			if g != p.Generation {
+				if p.DimensionIndex(d.Unit) < 0 {
+					consider(d.Unit, refillWait(m, d, i, debt, now))
+				}
+				continue
 			}
+			if j := cp.DimensionIndex(d.Unit); j >= 0 && refillsFor(cp) {
+				cur := &current.Balances[j]
+				if shortfall := debt + units[i] + cur.Debt() - cur.Available; shortfall > 0 {
+					consider(d.Unit, refillWait(current, &cp.Dimensions[j], j, shortfall, now))
+				}
+				continue
+			}
+			consider(d.Unit, refillWait(m, d, i, debt, now))
 		}
 	}
 	return unit, wait, ok
 }
+
+// refillsFor reports whether an owing current account under cp refills
+// units its deciding generation limits (bringOwingToNow): not when cp was
+// rolled back (it then refills only to repay).
+func refillsFor(cp *Policy) bool { return !cp.RolledBack }

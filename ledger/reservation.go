@@ -193,7 +193,7 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 	// Another of the subject's accounts may owe longer (or a, repaid,
 	// stays current while another owes): the retry-after is the slowest
 	// owing account's, so no earlier retry succeeds.
-	if unit, wait, ok := slowestOwing(b, a, p, now); ok && (!owesDropped(a, ap, p) || slower(wait, res.RetryAfter)) {
+	if unit, wait, ok := slowestOwing(b, a, ap, p, &cmd.Units, now); ok && (!owesDropped(a, ap, p) || slower(wait, res.RetryAfter)) {
 		res.Err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, unit)
 		res.Dimension, res.RetryAfter = unit, wait
 	}
