@@ -139,6 +139,9 @@ func main() {
 		{"DrainProgress", "RolloutService/DrainProgress", func(i int) string { return fmt.Sprintf(`{"generations":["%d"]}`, i+1) }, 200},
 		{"policies of one", "ListPolicies", func(i int) string { return fmt.Sprintf(`{"subject":"%s%d"}`, *prefix, i*7+1) }, 200},
 	}...)
+	if *calls <= 0 {
+		return // publishing only: nothing to time
+	}
 	for _, k := range kinds {
 		var took []time.Duration
 		for i := range *calls {
