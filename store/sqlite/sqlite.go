@@ -1170,7 +1170,8 @@ func owingOfSubjectsSQL(n int) string {
 
 // OwingOfSubjects returns, by subject key, the committed current pointer
 // and owing-set Meta rows of subjects (store.Store.OwingOfSubjects): the
-// distinct keys in statements of up to 128, each on its own.
+// distinct keys in statements of up to 128 (subjectChunkSizes, prepared
+// as AccountsOfSubjects' are), each on its own.
 func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (_ map[ledger.PolicyKey]store.SubjectOwing, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -1192,12 +1193,19 @@ func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey
 	}
 	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
 	for chunk := range slices.Chunk(keys, largest) {
-		args := make([]any, 0, 6*len(chunk))
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, 6*subjectChunkSizes[size])
 		for _, k := range chunk {
 			base := ledger.OwingMetaName(k)
 			args = append(args, k.Subject, k.Route, k.Region, base, base+"/", store.PrefixEnd(base+"/"))
 		}
-		found, err := queryAll(ctx, dbQuery{s.readDB, owingOfSubjectsSQL(len(chunk))}, scan, "owing of subjects", args...)
+		for len(args) < cap(args) {
+			args = append(args, nil) // no row's key or name equals NULL
+		}
+		found, err := queryAll(ctx, s.r.owingOf[size], scan, "owing of subjects", args...)
 		if err != nil {
 			return nil, err
 		}
