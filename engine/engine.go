@@ -862,6 +862,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		// row shows them, then as refilled: once per subject, so a
 		// subject with two debtor rows shows both from the same refill.
 		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
+		var owing map[ledger.PolicyKey]store.SubjectOwing
 		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
 		if len(subjects) > 0 {
 			accounts, err := e.core.store.AccountsOfSubjects(ctx, subjects)
@@ -869,6 +870,9 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 				return nil, ledger.AccountKey{}, false, err
 			}
 			if err := policies.load(ctx, accounts, false); err != nil {
+				return nil, ledger.AccountKey{}, false, err
+			}
+			if owing, err = readOwing(ctx, e.core.store, accounts, policies); err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
 			for _, a := range accounts {
@@ -886,7 +890,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			}
 			subject := key.SubjectKey()
 			if !refilled[subject] {
-				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.Deciding, now)
+				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.Deciding, owing, now)
 				if err != nil {
 					return nil, ledger.AccountKey{}, false, err
 				}
@@ -924,7 +928,11 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	if err := policies.load(ctx, accounts, false); err != nil {
 		return nil, err
 	}
-	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, e.opts.Clock())
+	owing, err := readOwing(ctx, e.core.store, accounts, policies)
+	if err != nil {
+		return nil, err
+	}
+	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, owing, e.opts.Clock())
 }
 
 // AccountsPage returns the accounts f selects after the subject key of
@@ -974,17 +982,63 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 	if err := policies.load(ctx, page, false); err != nil {
 		return nil, nil, after, false, err
 	}
-	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, e.opts.Clock())
+	owing, err := readOwing(ctx, e.core.store, page, policies)
+	if err != nil {
+		return nil, nil, after, false, err
+	}
+	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, owing, e.opts.Clock())
 	return shown, policies.deciding, next, more, err
+}
+
+// readOwing reads what showing the subjects of accounts that owe takes
+// beyond their accounts and policies (refilledAsShown): their current
+// pointers and owing-set rows, in one store read
+// (store.Store.OwingOfSubjects), and the policy of the generation
+// deciding for each, read only when no account of it was (policies must
+// have read the subjects' deciding generations: load). A subject none of
+// whose accounts owes costs nothing more: its stored rows say it is not
+// frozen (while frozen its current account owes, ledger/owing.go), so
+// the deciding (else newest) generation's account holds its capacity.
+func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, policies *policyReads) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+	var subjects []ledger.PolicyKey
+	var generations []uint64
+	asked := map[ledger.PolicyKey]bool{}
+	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		if _, debt := accounts[i].Debt(); debt == 0 || asked[subject] {
+			continue
+		}
+		asked[subject] = true
+		subjects = append(subjects, subject)
+		if g, ok := policies.Deciding(subject); ok {
+			generations = append(generations, g)
+		}
+	}
+	if len(subjects) == 0 {
+		return nil, nil
+	}
+	owing, err := st.OwingOfSubjects(ctx, subjects)
+	if err != nil {
+		return nil, err
+	}
+	if err := policies.readPolicies(ctx, generations); err != nil {
+		return nil, err
+	}
+	return owing, nil
 }
 
 // refilledAsShown applies to accounts, whole subject keys (every
 // generation of each), the refill due up to now, given the policies of
-// their generations (byGeneration) and the generation that decides for
-// each subject (deciding, as ledger.DecidingGeneration): what Accounts
-// shows. It returns store.ErrNotFound (wrapped) for an account whose
-// generation byGeneration does not hold.
-func refilledAsShown(accounts []ledger.Account, byGeneration map[uint64]*ledger.Policy, deciding func(ledger.PolicyKey) (uint64, bool), now time.Time) ([]ledger.Account, error) {
+// their generations (byGeneration, and the deciding one of each subject
+// in owing) and the generation that decides for each subject (deciding,
+// as ledger.DecidingGeneration): what Accounts shows. A subject in owing
+// (its current pointer and owing-set rows as stored, readOwing) is
+// brought to now as its next command finds it, without the switch that
+// command may make (ledger.BringToNowAsShown): while it is frozen its
+// owing accounts repay at their own rates and its current account is
+// the one the ledger keeps current. It returns store.ErrNotFound
+// (wrapped) for an account whose generation byGeneration does not hold.
+func refilledAsShown(accounts []ledger.Account, byGeneration map[uint64]*ledger.Policy, deciding func(ledger.PolicyKey) (uint64, bool), owing map[ledger.PolicyKey]store.SubjectOwing, now time.Time) ([]ledger.Account, error) {
 	policies := make([]*ledger.Policy, len(accounts))
 	// The account holding a subject's capacity, the only one shown
 	// refilled, is the deciding generation's (ledger.DecidingGeneration).
@@ -1009,12 +1063,53 @@ func refilledAsShown(accounts []ledger.Account, byGeneration map[uint64]*ledger.
 			current[subject] = g
 		}
 	}
+	// Subjects shown from what they store: a scratch book each.
+	scratches := map[ledger.PolicyKey]*ledger.Memory{}
+	keys := map[ledger.PolicyKey][]ledger.AccountKey{}
 	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		o, ok := owing[subject]
+		if !ok {
+			continue
+		}
+		scratch := scratches[subject]
+		if scratch == nil {
+			scratch = ledger.NewMemory()
+			scratch.DiscardJournal = true
+			if o.HasCurrent {
+				scratch.AccountCurrentPut(subject, o.Current)
+			}
+			for name, v := range o.Meta {
+				scratch.MetaPut(name, v)
+			}
+			scratches[subject] = scratch
+		}
+		scratch.PolicyPut(policies[i])
+		scratch.AccountPut(&accounts[i])
+		keys[subject] = append(keys[subject], accounts[i].Key)
+	}
+	for subject, scratch := range scratches {
+		var p *ledger.Policy
+		if g, ok := deciding(subject); ok {
+			if p, ok = byGeneration[g]; !ok {
+				return nil, fmt.Errorf("policy %d: %w", g, store.ErrNotFound)
+			}
+			scratch.PolicyPut(p)
+		}
+		ledger.BringToNowAsShown(scratch, subject, keys[subject], p, now)
+	}
+	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		if scratch, ok := scratches[subject]; ok {
+			if a, found := scratch.Account(accounts[i].Key); found && a != &accounts[i] {
+				accounts[i] = *a
+			}
+			continue
+		}
 		scratch := ledger.NewMemory()
 		scratch.DiscardJournal = true
 		scratch.PolicyPut(policies[i])
 		scratch.AccountPut(&accounts[i])
-		subject := accounts[i].Key.SubjectKey()
 		if g, ok := current[subject]; ok {
 			scratch.AccountCurrentPut(subject, g)
 		}

@@ -389,3 +389,42 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 // units its deciding generation limits (bringOwingToNow): not when cp was
 // rolled back (it then refills only to repay).
 func refillsFor(cp *Policy) bool { return !cp.RolledBack }
+
+// OwingMetaName is the Meta name of the subject's owing-set size; each
+// member's row is named by it, "/" and the member's index. A reader
+// outside a command (a view, BringToNowAsShown) reads the row of that
+// name and the rows named under it: no other subject's row is either.
+func OwingMetaName(subject PolicyKey) string { return metaOwing(subject) }
+
+// BringToNowAsShown brings the subject's accounts in b, a scratch book
+// holding them (keys, all of the subject's generations), their
+// generations' policies, the policy p deciding for the subject (nil when
+// none does), its current pointer and its owing-set rows as stored, to
+// now as the subject's next command finds them, without switching the
+// subject to p: the owing accounts as settleOwing brings them (the
+// current one repaying only in units p does not limit, the others only
+// to repay, an owing one made current where the invariant asks it), the
+// current account refilled under its own rule when the subject is not
+// frozen, and every other account's elapsed epochs closed. What a switch
+// would then move (switchTo, releaseOwing) is left where it is. Only b
+// is written; a view runs it on a copy of what it read.
+func BringToNowAsShown(b Book, subject PolicyKey, keys []AccountKey, p *Policy, now time.Time) {
+	current, hasCurrent := b.AccountCurrent(subject)
+	frozen := false
+	if hasCurrent && p != nil {
+		_, _, frozen, _ = settleOwing(b, subject, current, p, now)
+		current, hasCurrent = b.AccountCurrent(subject)
+	}
+	for _, key := range keys {
+		a, ap, err := accountFor(b, key)
+		if err != nil {
+			continue
+		}
+		isCur := hasCurrent && key.Generation == current
+		if isCur && frozen {
+			continue // settleOwing brought it to now
+		}
+		bringToNow(b, a, ap, now, isCur && !ap.RolledBack)
+		b.AccountPut(a)
+	}
+}

@@ -7,6 +7,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -68,6 +69,15 @@ type Store interface {
 	// query (SQLite: one statement per 128 subjects), so a page of
 	// debtors costs the engine one read, not one AccountList per row.
 	AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error)
+	// OwingOfSubjects returns, by subject key, what a view needs to bring
+	// a subject that owes to now as its next command would
+	// (ledger.BringToNowAsShown) beyond its accounts: its current pointer
+	// and its owing-set Meta rows (the row named ledger.OwingMetaName and
+	// those named under it with "/"), as committed. A subject with neither
+	// is absent; a key with an empty Subject names none. It reads them in
+	// one query (SQLite: one statement per 128 subjects), so a page of
+	// debtors costs one read more, not one per subject.
+	OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]SubjectOwing, error)
 	// AccountsPage returns up to f.Limit accounts that f's subject, route
 	// and region select, in key order (subject, route, region,
 	// generation; text compared as in AccountList's order of every
@@ -253,6 +263,22 @@ type ReservationsRechecker interface {
 	// ReservationsCommitted returns those of ids stored by a committed
 	// transaction, read afresh (no lock, nothing written); nil when none.
 	ReservationsCommitted(ctx context.Context, ids []string) ([]string, error)
+}
+
+// SubjectOwing is a subject's current pointer (HasCurrent false: none
+// stored) and its owing-set Meta rows by name, as Store.OwingOfSubjects
+// reads them.
+type SubjectOwing struct {
+	Current    uint64
+	HasCurrent bool
+	Meta       map[string]int64
+}
+
+// IsOwingMeta reports whether name is one of subject's owing-set Meta
+// rows: ledger.OwingMetaName(subject), or a name under it after "/".
+func IsOwingMeta(subject ledger.PolicyKey, name string) bool {
+	base := ledger.OwingMetaName(subject)
+	return name == base || strings.HasPrefix(name, base+"/")
 }
 
 // Current is one subject's pointer to the generation holding its capacity.

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -732,4 +733,35 @@ func copyShard(s *ledger.Shard) ledger.Shard {
 	out := *s
 	out.Signature = slices.Clone(s.Signature)
 	return out
+}
+
+// OwingOfSubjects returns, by subject key, the committed current pointer
+// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects). One
+// read.
+func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+	out := map[ledger.PolicyKey]store.SubjectOwing{}
+	err := s.read(ctx, func(r *rows) error {
+		for _, k := range subjects {
+			if k.Subject == "" {
+				continue
+			}
+			var o store.SubjectOwing
+			o.Current, o.HasCurrent = r.currents[k]
+			base := ledger.OwingMetaName(k)
+			if v, ok := r.meta[base]; ok {
+				o.Meta = map[string]int64{base: v}
+				for i := range int(max(v, 0)) {
+					name := base + "/" + strconv.Itoa(i)
+					if v, ok := r.meta[name]; ok {
+						o.Meta[name] = v
+					}
+				}
+			}
+			if o.HasCurrent || o.Meta != nil {
+				out[k] = o
+			}
+		}
+		return nil
+	})
+	return out, err
 }

@@ -1006,3 +1006,70 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 }
 
 func notFound(what string) error { return fmt.Errorf("%s: %w", what, store.ErrNotFound) }
+
+// owingOfSubjectsSQL reads, for the subject keys given as parallel
+// arrays ($1, $2, $3: distinct keys; $4 each one's owing-set name, $5
+// and $6 the range of the names under it), each one's current pointer
+// ('c') and owing-set Meta rows ('m'): a seek of account_currents' key
+// and of meta's per key, in one round trip.
+const owingOfSubjectsSQL = `WITH k AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+	AS k(subject, route, region, name, lo, hi))
+SELECT k.subject, k.route, k.region, 'c', '', c.generation FROM k
+	JOIN account_currents c ON c.subject = k.subject AND c.route = k.route AND c.region = k.region
+UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN meta m ON m.name = k.name
+UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k
+	JOIN meta m ON m.name COLLATE "C" >= k.lo AND m.name COLLATE "C" < k.hi`
+
+// OwingOfSubjects returns, by subject key, the committed current pointer
+// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects), in
+// one query.
+func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
+	out := map[ledger.PolicyKey]store.SubjectOwing{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	slices.SortFunc(keys, ledger.PolicyKey.Compare)
+	keys = slices.Compact(keys)
+	cols := make([][]string, 6)
+	for i := range cols {
+		cols[i] = make([]string, len(keys))
+	}
+	for i, k := range keys {
+		base := ledger.OwingMetaName(k)
+		cols[0][i], cols[1][i], cols[2][i] = k.Subject, k.Route, k.Region
+		cols[3][i], cols[4][i], cols[5][i] = base, base+"/", store.PrefixEnd(base+"/")
+	}
+	rows, err := s.pool.Query(ctx, owingOfSubjectsSQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+	if err != nil {
+		return nil, s.c.classify("owing of subjects", err, false)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			key        ledger.PolicyKey
+			kind, name string
+			value      int64
+		)
+		if err := rows.Scan(&key.Subject, &key.Route, &key.Region, &kind, &name, &value); err != nil {
+			return nil, s.c.classify("owing of subjects", err, false)
+		}
+		o := out[key]
+		if kind == "c" {
+			if value < 0 {
+				return nil, fmt.Errorf("owing of subjects: current generation %d of %s", value, key)
+			}
+			o.Current, o.HasCurrent = uint64(value), true
+		} else {
+			if o.Meta == nil {
+				o.Meta = map[string]int64{}
+			}
+			o.Meta[name] = value
+		}
+		out[key] = o
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.c.classify("owing of subjects", err, false)
+	}
+	return out, nil
+}

@@ -1154,3 +1154,77 @@ type txQuery struct {
 func (q txQuery) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
 	return q.tx.QueryContext(ctx, q.query, args...)
 }
+
+// owingOfSubjectsSQL reads, for n subject keys bound in order (subject,
+// route, region, owing-set name, the names under it from ?, below ?),
+// each one's current pointer ('c') and owing-set Meta rows ('m'): a seek
+// of account_currents' key and of meta's per key.
+func owingOfSubjectsSQL(n int) string {
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?), ", n), ", ")
+	return "WITH k(subject, route, region, name, lo, hi) AS (VALUES " + values + ")" +
+		" SELECT k.subject, k.route, k.region, 'c', '', c.generation FROM k JOIN account_currents c" +
+		" ON c.subject = k.subject AND c.route = k.route AND c.region = k.region" +
+		" UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN meta m ON m.name = k.name" +
+		" UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN meta m ON m.name >= k.lo AND m.name < k.hi"
+}
+
+// OwingOfSubjects returns, by subject key, the committed current pointer
+// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects): the
+// distinct keys in statements of up to 128 (subjectChunkSizes, prepared
+// as AccountsOfSubjects' are), each on its own.
+func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (_ map[ledger.PolicyKey]store.SubjectOwing, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
+	slices.SortFunc(keys, ledger.PolicyKey.Compare)
+	keys = slices.Compact(keys)
+	out := map[ledger.PolicyKey]store.SubjectOwing{}
+	type row struct {
+		key   ledger.PolicyKey
+		kind  string
+		name  string
+		value int64
+	}
+	scan := func(sc scanner) (r row, err error) {
+		err = sc.Scan(&r.key.Subject, &r.key.Route, &r.key.Region, &r.kind, &r.name, &r.value)
+		return r, err
+	}
+	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
+	for chunk := range slices.Chunk(keys, largest) {
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, 6*subjectChunkSizes[size])
+		for _, k := range chunk {
+			base := ledger.OwingMetaName(k)
+			args = append(args, k.Subject, k.Route, k.Region, base, base+"/", store.PrefixEnd(base+"/"))
+		}
+		for len(args) < cap(args) {
+			args = append(args, nil) // no row's key or name equals NULL
+		}
+		found, err := queryAll(ctx, s.r.owingOf[size], scan, "owing of subjects", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range found {
+			o := out[r.key]
+			if r.kind == "c" {
+				var c codec.Conv
+				o.Current, o.HasCurrent = c.Uint(r.value), true
+				if err := c.Err(); err != nil {
+					return nil, fmt.Errorf("owing of subjects: current generation of %s: %w", r.key, err)
+				}
+			} else {
+				if o.Meta == nil {
+					o.Meta = map[string]int64{}
+				}
+				o.Meta[r.name] = r.value
+			}
+			out[r.key] = o
+		}
+	}
+	return out, nil
+}

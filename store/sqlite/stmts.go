@@ -239,6 +239,8 @@ type readStmts struct {
 	policyPageOfSubject *sql.Stmt
 	// policiesOf holds policiesOfSQL of each size of subjectChunkSizes.
 	policiesOf [len(subjectChunkSizes)]*sql.Stmt
+	// owingOf holds owingOfSubjectsSQL of each size of subjectChunkSizes.
+	owingOf [len(subjectChunkSizes)]*sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -286,6 +288,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 		r.headsOf[i] = prep(headsOfSQL(n))
 		r.policiesOf[i] = prep(policiesOfSQL(n))
+		r.owingOf[i] = prep(owingOfSubjectsSQL(n))
 	}
 	return errors.Join(errs...)
 }
@@ -297,6 +300,7 @@ func (r *readStmts) close() {
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)
 	stmts = append(stmts, r.policiesOf[:]...)
+	stmts = append(stmts, r.owingOf[:]...)
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()

@@ -100,6 +100,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
+		{"OwingOfSubjects", testOwingOfSubjects},
 		{"PolicyHeads", testPolicyHeads},
 		{"PoliciesOfGenerations", testPoliciesOfGenerations},
 		{"Lists", testLists},
@@ -1540,4 +1541,69 @@ func testPolicyChanges(t *testing.T, s store.Store) {
 	want("a rollback rolled back", 4)
 	run("rollback of generation 1", ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 1})
 	want("the second rollback", 5)
+}
+
+// OwingOfSubjects returns each named subject's committed current pointer
+// and owing-set rows, not another subject's whose key (or owing-set
+// name) its own prefixes, nor other meta rows; a subject with neither is
+// absent; nothing uncommitted; 200 subjects (past SQLite's statements of
+// 128) come back whole.
+func testOwingOfSubjects(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	key := func(subject, region string) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: subject, Route: "chat", Region: region}
+	}
+	frozen, near, plain, none := key("t7", "eu"), key("t7", "eu-west"), key("t70", "eu"), key("nobody", "eu")
+	if got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+	base, nearBase := ledger.OwingMetaName(frozen), ledger.OwingMetaName(near)
+	Commit(t, s, &store.Changes{
+		Meta:     map[string]int64{base: 2, base + "/0": 4, base + "/1": 9, nearBase: 1, nearBase + "/0": 3, "policy_generation": 9},
+		Currents: []store.Current{{Subject: frozen, Generation: 4}, {Subject: near, Generation: 3}, {Subject: plain, Generation: 7}},
+	})
+	got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen, plain, none, frozen, key("", "eu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[ledger.PolicyKey]store.SubjectOwing{
+		frozen: {Current: 4, HasCurrent: true, Meta: map[string]int64{base: 2, base + "/0": 4, base + "/1": 9}},
+		plain:  {Current: 7, HasCurrent: true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("owing of subjects:\n got %+v\nwant %+v", got, want)
+	}
+	// Uncommitted rows are not read.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if err := tx.Write(ctx, &store.Changes{Meta: map[string]int64{ledger.OwingMetaName(plain): 1}, Currents: []store.Current{{Subject: none, Generation: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen, plain, none})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("with uncommitted rows:\n got %+v\nwant %+v", got, want)
+		}
+	})
+	var currents []store.Current
+	var names []ledger.PolicyKey
+	for i := range 200 {
+		k := key(fmt.Sprintf("page-%03d", i), "eu")
+		names = append([]ledger.PolicyKey{k}, names...)
+		currents = append(currents, store.Current{Subject: k, Generation: uint64(i + 1)})
+	}
+	Commit(t, s, &store.Changes{Currents: currents})
+	got, err = s.OwingOfSubjects(ctx, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 200 {
+		t.Fatalf("200 subjects: %d answers", len(got))
+	}
+	for _, c := range currents {
+		if o := got[c.Subject]; !o.HasCurrent || o.Current != c.Generation || o.Meta != nil {
+			t.Errorf("%s: %+v, want current %d", c.Subject, o, c.Generation)
+		}
+	}
 }
