@@ -163,7 +163,9 @@ func markOwing(b Book, a *Account, now time.Time) {
 // where its admission is decided, and what the new one cannot take (a
 // unit p limits that it does not) stays with the account in the set, for
 // the switch to move (releaseOwing). p's own account, replaced after a
-// rollback, keeps its capacity: it is the switch's destination.
+// rollback, keeps its capacity: it is the switch's destination, and the
+// new current account refills only into the room it leaves
+// (bringOwingToNow), so the subject's capacity refills once.
 // Otherwise it returns the members left (owing debt p can take, or
 // holding capacity, which releaseOwing moves once the subject switches),
 // not frozen.
@@ -266,6 +268,31 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 	return a, ap, true, nil
 }
 
+// subjectCapacity returns a copy of a, the subject's current account
+// under its policy ap, whose available capacity in each unit p limits
+// counts what p's account (when it is not a) holds available there too:
+// while another account is current, p's account keeps its capacity and a
+// refills only into the room it leaves (bringOwingToNow), so the
+// subject's capacity is both, and a refusal asks admission of the sum.
+func subjectCapacity(b Book, a *Account, ap, p *Policy) Account {
+	capacity := *a
+	if a.Key.Generation == p.Generation {
+		return capacity
+	}
+	key := a.Key
+	key.Generation = p.Generation
+	pa, ok := b.Account(key)
+	if !ok {
+		return capacity
+	}
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < pa.Dims {
+			capacity.Balances[i].Available += pa.Balances[j].Available
+		}
+	}
+	return capacity
+}
+
 // holdsFor reports whether a (under its policy ap) holds available
 // capacity in a unit p limits: capacity the switch to p must move.
 func holdsFor(a *Account, ap, p *Policy) bool {
@@ -283,7 +310,7 @@ func holdsFor(a *Account, ap, p *Policy) bool {
 // refills the subject's capacity); a dimension in skip does not refill.
 func repayOnly(b Book, a *Account, ap *Policy, now time.Time, skip uint8) {
 	rollEpoch(b, a, ap, now)
-	if before, minted := refillUpTo(a, ap, now, 0xff, skip); minted {
+	if before, minted := refillUpTo(a, ap, now, 0xff, skip, nil); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
