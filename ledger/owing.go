@@ -145,8 +145,9 @@ func markOwing(b Book, a *Account, now time.Time) {
 // a unit the current account does not limit (the current account refills
 // the others, and its refill moves to p's account at the switch: both
 // refilling would mint the subject's capacity twice), any other only to
-// repay debt in a unit p does not limit (it holds none of the subject's
-// capacity). Members that owe nothing leave, except one holding available
+// repay debt (it holds none of the subject's capacity) in a unit p does
+// not limit, or in one p limits that neither the current account refills
+// nor p's account, not yet opened, would take at the switch. Members that owe nothing leave, except one holding available
 // capacity in a unit p limits (a current account an owing one replaced,
 // below): releaseOwing moves it at the switch.
 //
@@ -190,6 +191,9 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		return nil, nil, false, nil
 	}
 	currentPolicy, _ := b.Policy(current)
+	pKey := key
+	pKey.Generation = p.Generation
+	_, pExists := b.Account(pKey)
 	var owing []uint64 // members that owe debt p does not limit
 	for _, g := range members {
 		key.Generation = g
@@ -221,7 +225,25 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		case g == current:
 			bringOwingToNow(b, m, mp, p, now)
 		default:
-			repayOnly(b, m, mp, now, limitedBy(m, mp, p))
+			// A unit p limits is skipped only when the current account
+			// refills it (its refill moves to p's account at the
+			// switch) or p's account exists (the switch moves the debt
+			// there, where its available repays it first); else nobody
+			// would repay it while frozen, and the switch would move it
+			// to an account opened empty and freeze again.
+			skip := limitedBy(m, mp, p)
+			if !pExists {
+				skip = 0
+				if currentPolicy != nil && refillsFor(currentPolicy) {
+					skip = limitedBy(m, mp, p) & limitedBy(m, mp, currentPolicy)
+				}
+			}
+			repayOnly(b, m, mp, now, skip)
+			for i := 0; i < m.Dims; i++ {
+				if skip&(1<<i) != 0 {
+					m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
+				}
+			}
 		}
 		b.AccountPut(m)
 		if _, debt := m.Debt(); debt == 0 {
@@ -372,6 +394,9 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			unit, wait, ok = u, w, true
 		}
 	}
+	pKey := key
+	pKey.Generation = p.Generation
+	_, pExists := b.Account(pKey)
 	gens := owingOf(b, current.Key.SubjectKey())
 	if current.Key.Generation != p.Generation && !slices.Contains(gens, p.Generation) {
 		// p's account owes outside the set when the switch to it moved
@@ -394,7 +419,10 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			}
 			d := &mp.Dimensions[i]
 			if g != p.Generation {
-				if p.DimensionIndex(d.Unit) < 0 {
+				// The member repays it unless p limits it and the
+				// current account refills it or p's account exists
+				// (settleOwing).
+				if p.DimensionIndex(d.Unit) < 0 || (!pExists && (cp.DimensionIndex(d.Unit) < 0 || !refillsFor(cp))) {
 					consider(d.Unit, refillWait(m, d, i, debt, now))
 				}
 				continue
