@@ -141,13 +141,14 @@ func markOwing(b Book, a *Account, now time.Time) {
 // joins the set for good only when it owes debt p does not limit. Each
 // member refills: the current one as bringOwingToNow does (or as the
 // deciding generation's account when it is p's, a rollback having made
-// it decide again), p's account when not current only to repay debt in
-// a unit the current account does not limit (the current account refills
-// the others, and its refill moves to p's account at the switch: both
+// it decide again), p's account when not current only in a unit the
+// current account does not refill, there fully (the current account
+// refills the others, and its refill moves to p's account at the switch: both
 // refilling would mint the subject's capacity twice), any other only to
 // repay debt (it holds none of the subject's capacity) in a unit p does
 // not limit, or in one p limits that neither the current account refills
-// nor p's account, not yet opened, would take at the switch. Members that owe nothing leave, except one holding available
+// nor p's account, not yet opened, would take at the switch. Members
+// that owe nothing leave, except one holding available
 // capacity in a unit p limits (a current account an owing one replaced,
 // below): releaseOwing moves it at the switch.
 //
@@ -212,7 +213,12 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 				} else if currentPolicy != nil {
 					skip = 0 // the current account refills only to repay
 				}
-				repayOnly(b, m, p, now, skip)
+				// A unit the current account does not refill is the
+				// subject's capacity only here: it refills fully.
+				rollEpoch(b, m, p, now)
+				if before, minted := refillUpTo(m, p, now, 0, skip, nil); minted {
+					journal(b, m, &before, KindRefill, "", 0, 0, "", now)
+				}
 				// The current account refilled the skipped units
 				// up to now: if a later current one does not limit
 				// them, this account repays them from now on.
@@ -381,7 +387,8 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 // switches to once the others are repaid (p limits all of it), with the
 // request's units (units, in p's dimensions): a retry after the wait
 // returned is admitted as far as debt goes. While frozen, p's account
-// refills only what the current account does not (settleOwing), so its
+// refills only what the current account does not (settleOwing), fully
+// (its debt, then the units, less its available: the wait), so its
 // debt in a unit the current account refills waits on the current
 // account's refill, which the switch moves to p's account, for that debt,
 // the current account's own debt there and the units, less what is
@@ -434,7 +441,11 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 				}
 				continue
 			}
-			consider(d.Unit, refillWait(m, d, i, debt, now))
+			// p's account refills it fully (settleOwing): the debt,
+			// then the request, less what is available there now.
+			if shortfall := debt + units[i] - m.Balances[i].Available; shortfall > 0 {
+				consider(d.Unit, refillWait(m, d, i, shortfall, now))
+			}
 		}
 	}
 	return unit, wait, ok

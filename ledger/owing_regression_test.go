@@ -144,7 +144,9 @@ func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 // images) owes 3 images until 3 s, g0 (requests only) owes 5 requests
 // until 5 s, and a record while frozen leaves 400 tokens owed on g2's
 // account at 0 s. At 3 s g0 becomes current; at 4 s g2's account has
-// repaid 1 s of tokens (100), not 4 s.
+// repaid 1 s of tokens (100), not 4 s. (The retry-after counts the
+// request's tokens on top of the debt: g2's account, refilling tokens
+// fully while g0 is current, must make room for them too.)
 func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
 	c := newChecked(t)
@@ -162,7 +164,8 @@ func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 		t.Fatalf("record on %s, generation %d's tokens %+v; want 400 owed there", rec.Reservation.Account, g2, c.account(g2).Balances[0])
 	}
 	c.advance(3 * time.Second)
-	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 4*time.Second)
+	// 400 tokens owed plus the 10 asked, refilled from 3 s: 4.1 s, 5 s.
+	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 5*time.Second)
 	if !isCurrentGen(c, g0) {
 		t.Fatalf("generation %d (owing requests) is not current once %d is repaid", g0, g1)
 	}
