@@ -164,15 +164,38 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // debt: available capacity in it would stay behind at the switch, where
 // nothing admits it. When ap was rolled back (a rolled-back generation
 // mints no capacity) every unit refills only to repay debt.
+//
+// The invariant: the subject's capacity in a unit p limits is refilled in
+// one place, here, by the current account, and never beyond its burst
+// counting what p's account (when it is not a) holds in that unit,
+// available and reserved. p's account keeps its capacity while another
+// account is current (markOwing makes one current without moving it, and
+// after a rollback p's account, replaced by settleOwing, keeps it as the
+// switch's destination) and does not refill it (settleOwing), so a's
+// refill room there is its burst less both accounts' holdings: else the
+// subject, at burst on p's account, would mint on a what the switch
+// cannot move into p's burst, and a rollback would admit it.
 func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 	rollEpoch(b, a, ap, now)
 	var repayOnly uint8
+	var held Amounts
+	var deciding *Account
+	if a.Key.Generation != p.Generation {
+		key := a.Key
+		key.Generation = p.Generation
+		deciding, _ = b.Account(key)
+	}
 	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
-		if ap.RolledBack || p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+		j := p.DimensionIndex(ap.Dimensions[i].Unit)
+		if ap.RolledBack || j < 0 {
 			repayOnly |= 1 << i
+			continue
+		}
+		if deciding != nil && j < deciding.Dims {
+			held[i] = deciding.Balances[j].Available + deciding.Balances[j].Reserved
 		}
 	}
-	if before, minted := refillUpTo(a, ap, now, repayOnly, 0); minted {
+	if before, minted := refillUpTo(a, ap, now, repayOnly, 0, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
@@ -425,14 +448,15 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 // under p and moves the cursors, writing nothing to the book; it returns
 // the balances before and whether anything was minted.
 func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
-	return refillUpTo(a, p, now, 0, 0)
+	return refillUpTo(a, p, now, 0, 0, nil)
 }
 
 // refillUpTo is refillDue, except that in a dimension whose bit is set in
 // repayOnly it mints only what repays debt, never available capacity,
 // and a dimension whose bit is set in skip does not refill (its cursor
-// stays).
-func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8) (before Balances, minted bool) {
+// stays); held, when not nil, is capacity another account holds for the
+// subject in each dimension, which the burst's room leaves out.
+func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, held *Amounts) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
@@ -448,6 +472,9 @@ func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8) (be
 		a.RefilledTo[i] += intervals * interval
 		bal := &a.Balances[i]
 		room := d.Burst - bal.Available - bal.Reserved
+		if held != nil {
+			room -= held[i]
+		}
 		if room < 0 || repayOnly&(1<<i) != 0 {
 			room = 0
 		}

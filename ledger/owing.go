@@ -141,12 +141,14 @@ func markOwing(b Book, a *Account, now time.Time) {
 // joins the set for good only when it owes debt p does not limit. Each
 // member refills: the current one as bringOwingToNow does (or as the
 // deciding generation's account when it is p's, a rollback having made
-// it decide again), p's account when not current only to repay debt in
-// a unit the current account does not limit (the current account refills
-// the others, and its refill moves to p's account at the switch: both
+// it decide again), p's account when not current only in a unit the
+// current account does not refill, there fully (the current account
+// refills the others, and its refill moves to p's account at the switch: both
 // refilling would mint the subject's capacity twice), any other only to
-// repay debt in a unit p does not limit (it holds none of the subject's
-// capacity). Members that owe nothing leave, except one holding available
+// repay debt (it holds none of the subject's capacity) in a unit p does
+// not limit, or in one p limits that neither the current account refills
+// nor p's account, not yet opened, would take at the switch. Members
+// that owe nothing leave, except one holding available
 // capacity in a unit p limits (a current account an owing one replaced,
 // below): releaseOwing moves it at the switch.
 //
@@ -163,7 +165,9 @@ func markOwing(b Book, a *Account, now time.Time) {
 // where its admission is decided, and what the new one cannot take (a
 // unit p limits that it does not) stays with the account in the set, for
 // the switch to move (releaseOwing). p's own account, replaced after a
-// rollback, keeps its capacity: it is the switch's destination.
+// rollback, keeps its capacity: it is the switch's destination, and the
+// new current account refills only into the room it leaves
+// (bringOwingToNow), so the subject's capacity refills once.
 // Otherwise it returns the members left (owing debt p can take, or
 // holding capacity, which releaseOwing moves once the subject switches),
 // not frozen.
@@ -188,6 +192,9 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		return nil, nil, false, nil
 	}
 	currentPolicy, _ := b.Policy(current)
+	pKey := key
+	pKey.Generation = p.Generation
+	_, pExists := b.Account(pKey)
 	var owing []uint64 // members that owe debt p does not limit
 	for _, g := range members {
 		key.Generation = g
@@ -206,7 +213,12 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 				} else if currentPolicy != nil {
 					skip = 0 // the current account refills only to repay
 				}
-				repayOnly(b, m, p, now, skip)
+				// A unit the current account does not refill is the
+				// subject's capacity only here: it refills fully.
+				rollEpoch(b, m, p, now)
+				if before, minted := refillUpTo(m, p, now, 0, skip, nil); minted {
+					journal(b, m, &before, KindRefill, "", 0, 0, "", now)
+				}
 				// The current account refilled the skipped units
 				// up to now: if a later current one does not limit
 				// them, this account repays them from now on.
@@ -219,7 +231,25 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		case g == current:
 			bringOwingToNow(b, m, mp, p, now)
 		default:
-			repayOnly(b, m, mp, now, limitedBy(m, mp, p))
+			// A unit p limits is skipped only when the current account
+			// refills it (its refill moves to p's account at the
+			// switch) or p's account exists (the switch moves the debt
+			// there, where its available repays it first); else nobody
+			// would repay it while frozen, and the switch would move it
+			// to an account opened empty and freeze again.
+			skip := limitedBy(m, mp, p)
+			if !pExists {
+				skip = 0
+				if currentPolicy != nil && refillsFor(currentPolicy) {
+					skip = limitedBy(m, mp, p) & limitedBy(m, mp, currentPolicy)
+				}
+			}
+			repayOnly(b, m, mp, now, skip)
+			for i := 0; i < m.Dims; i++ {
+				if skip&(1<<i) != 0 {
+					m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
+				}
+			}
 		}
 		b.AccountPut(m)
 		if _, debt := m.Debt(); debt == 0 {
@@ -266,6 +296,31 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 	return a, ap, true, nil
 }
 
+// subjectCapacity returns a copy of a, the subject's current account
+// under its policy ap, whose available capacity in each unit p limits
+// counts what p's account (when it is not a) holds available there too:
+// while another account is current, p's account keeps its capacity and a
+// refills only into the room it leaves (bringOwingToNow), so the
+// subject's capacity is both, and a refusal asks admission of the sum.
+func subjectCapacity(b Book, a *Account, ap, p *Policy) Account {
+	capacity := *a
+	if a.Key.Generation == p.Generation {
+		return capacity
+	}
+	key := a.Key
+	key.Generation = p.Generation
+	pa, ok := b.Account(key)
+	if !ok {
+		return capacity
+	}
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < pa.Dims {
+			capacity.Balances[i].Available += pa.Balances[j].Available
+		}
+	}
+	return capacity
+}
+
 // holdsFor reports whether a (under its policy ap) holds available
 // capacity in a unit p limits: capacity the switch to p must move.
 func holdsFor(a *Account, ap, p *Policy) bool {
@@ -283,7 +338,7 @@ func holdsFor(a *Account, ap, p *Policy) bool {
 // refills the subject's capacity); a dimension in skip does not refill.
 func repayOnly(b Book, a *Account, ap *Policy, now time.Time, skip uint8) {
 	rollEpoch(b, a, ap, now)
-	if before, minted := refillUpTo(a, ap, now, 0xff, skip); minted {
+	if before, minted := refillUpTo(a, ap, now, 0xff, skip, nil); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
@@ -332,7 +387,8 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 // switches to once the others are repaid (p limits all of it), with the
 // request's units (units, in p's dimensions): a retry after the wait
 // returned is admitted as far as debt goes. While frozen, p's account
-// refills only what the current account does not (settleOwing), so its
+// refills only what the current account does not (settleOwing), fully
+// (its debt, then the units, less its available: the wait), so its
 // debt in a unit the current account refills waits on the current
 // account's refill, which the switch moves to p's account, for that debt,
 // the current account's own debt there and the units, less what is
@@ -345,6 +401,9 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			unit, wait, ok = u, w, true
 		}
 	}
+	pKey := key
+	pKey.Generation = p.Generation
+	_, pExists := b.Account(pKey)
 	gens := owingOf(b, current.Key.SubjectKey())
 	if current.Key.Generation != p.Generation && !slices.Contains(gens, p.Generation) {
 		// p's account owes outside the set when the switch to it moved
@@ -367,7 +426,10 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			}
 			d := &mp.Dimensions[i]
 			if g != p.Generation {
-				if p.DimensionIndex(d.Unit) < 0 {
+				// The member repays it unless p limits it and the
+				// current account refills it or p's account exists
+				// (settleOwing).
+				if p.DimensionIndex(d.Unit) < 0 || (!pExists && (cp.DimensionIndex(d.Unit) < 0 || !refillsFor(cp))) {
 					consider(d.Unit, refillWait(m, d, i, debt, now))
 				}
 				continue
@@ -379,7 +441,11 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 				}
 				continue
 			}
-			consider(d.Unit, refillWait(m, d, i, debt, now))
+			// p's account refills it fully (settleOwing): the debt,
+			// then the request, less what is available there now.
+			if shortfall := debt + units[i] - m.Balances[i].Available; shortfall > 0 {
+				consider(d.Unit, refillWait(m, d, i, shortfall, now))
+			}
 		}
 	}
 	return unit, wait, ok

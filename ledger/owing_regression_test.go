@@ -144,7 +144,9 @@ func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 // images) owes 3 images until 3 s, g0 (requests only) owes 5 requests
 // until 5 s, and a record while frozen leaves 400 tokens owed on g2's
 // account at 0 s. At 3 s g0 becomes current; at 4 s g2's account has
-// repaid 1 s of tokens (100), not 4 s.
+// repaid 1 s of tokens (100), not 4 s. (The retry-after counts the
+// request's tokens on top of the debt: g2's account, refilling tokens
+// fully while g0 is current, must make room for them too.)
 func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
 	c := newChecked(t)
@@ -162,7 +164,8 @@ func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 		t.Fatalf("record on %s, generation %d's tokens %+v; want 400 owed there", rec.Reservation.Account, g2, c.account(g2).Balances[0])
 	}
 	c.advance(3 * time.Second)
-	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 4*time.Second)
+	// 400 tokens owed plus the 10 asked, refilled from 3 s: 4.1 s, 5 s.
+	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 5*time.Second)
 	if !isCurrentGen(c, g0) {
 		t.Fatalf("generation %d (owing requests) is not current once %d is repaid", g0, g1)
 	}
@@ -170,5 +173,52 @@ func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	c.reserve("y", 10)
 	if d := c.account(g2).Balances[0].Debt(); d != 300 {
 		t.Fatalf("generation %d owes %d tokens at 4 s, want 300 (repaid from 3 s, when generation %d stopped refilling tokens)", g2, d, g1)
+	}
+}
+
+// The rollback variant of TestOwingCurrentDoesNotRefillWhileDecidingAccountHoldsBurst
+// (seed gates: overspending 0, burst caps). g1 (tokens, requests) is
+// current and owes requests, which g2 (tokens) does not limit, so the
+// subject stays on g1 and g1 refills the subject's tokens to its burst;
+// a late settle of work started under g0 (tokens, images) leaves 5 images
+// owed. The rollback of g2 makes g1 decide again: settleOwing makes g0
+// current, and g1, p's own account, keeps its capacity as the switch's
+// destination. g0 must not refill tokens from 0 for the 5 s freeze while
+// g1 holds the burst: those 500 would not fit in g1's burst at the switch
+// back, and a rollback of g1 (g0 decides) would admit them on top of the
+// 1,000 reserved on g1.
+func TestOwingCurrentAfterRollbackDoesNotRefillWhileDecidingAccountHoldsBurst(t *testing.T) {
+	c := newChecked(t)
+	g0 := c.publish(policyOf(tokens(1000, 100), imagesDim))
+	c.must(c.reserve("a", 10, 1))
+	c.must(c.start("a"))
+	g1 := c.publish(policyOf(tokens(1000, 100), requestsDim))
+	c.must(c.reserve("b", 10, 1)) // switches to g1
+	c.must(c.start("b"))
+	c.must(c.settle("b", 10, 4)) // g1 owes 2 requests
+	g2 := c.publish(policyOf(tokens(1000, 100)))
+	if res := c.reserve("x", 10); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("reserve while generation %d owes requests: %v, want ADMISSION_FROZEN", g1, res.Err)
+	}
+	c.advance(time.Second)       // g1 refills its tokens to the burst, owes 1 request
+	c.must(c.settle("a", 10, 7)) // late: g0 owes 5 images
+	c.must(c.rollback(testSubject, g2))
+	if res := c.reserve("y", 10); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("reserve while generation %d owes images: %v, want ADMISSION_FROZEN", g0, res.Err)
+	}
+	if !isCurrentGen(c, g0) {
+		t.Fatalf("generation %d owing images is not current after the rollback of %d", g0, g2)
+	}
+	c.advance(5 * time.Second) // g0's images are repaid
+	c.must(c.reserve("d", 10)) // switches back to g1
+	if !isCurrentGen(c, g1) {
+		t.Fatalf("generation %d is not current once the images are repaid", g1)
+	}
+	all := c.account(g1).Balances[0].Available
+	c.must(c.reserve("all", all)) // the subject's whole burst is reserved on g1
+	c.must(c.rollback(testSubject, g1))
+	if res := c.reserve("more", 500); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) {
+		t.Fatalf("reserve of 500 tokens with the whole burst (1000) reserved on generation %d and no time passed: err %v on %s; want INSUFFICIENT_CAPACITY (generation %d tokens %+v, minted while generation %d held the burst)",
+			g1, res.Err, res.Reservation.Account, g0, c.account(g0).Balances[0], g1)
 	}
 }

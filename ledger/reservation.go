@@ -185,7 +185,8 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 	for j := range ap.Dimensions {
 		units[j] = min(units[j], ap.Dimensions[j].MaxReservation)
 	}
-	rej := admit(a, ap, &units, now)
+	capacity := subjectCapacity(b, a, ap, p)
+	rej := admit(&capacity, ap, &units, now)
 	if rej.err == nil || !errors.Is(rej.err, ErrAdmissionFrozen) {
 		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
 	}
