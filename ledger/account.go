@@ -178,26 +178,41 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 	rollEpoch(b, a, ap, now)
 	var repayOnly uint8
-	var held Amounts
-	var deciding *Account
-	if a.Key.Generation != p.Generation {
-		key := a.Key
-		key.Generation = p.Generation
-		deciding, _ = b.Account(key)
-	}
 	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
-		j := p.DimensionIndex(ap.Dimensions[i].Unit)
-		if ap.RolledBack || j < 0 {
+		if ap.RolledBack || p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
 			repayOnly |= 1 << i
-			continue
-		}
-		if deciding != nil && j < deciding.Dims {
-			held[i] = deciding.Balances[j].Available + deciding.Balances[j].Reserved
 		}
 	}
+	held := heldByDeciding(b, a, ap, p)
 	if before, minted := refillUpTo(a, ap, now, repayOnly, 0, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
+}
+
+// heldByDeciding returns, per dimension of a (under its policy ap), what
+// the account of p, the deciding generation, holds in the same unit,
+// available and reserved, when a is not that account: the subject's
+// capacity a must leave room for under its burst, whatever brings
+// capacity into a while it is current (its refill, bringOwingToNow; a
+// shard's remint, remintShard). Zero where p does not limit the unit or
+// its account does not exist yet.
+func heldByDeciding(b Book, a *Account, ap, p *Policy) Amounts {
+	var held Amounts
+	if a.Key.Generation == p.Generation {
+		return held
+	}
+	key := a.Key
+	key.Generation = p.Generation
+	deciding, ok := b.Account(key)
+	if !ok {
+		return held
+	}
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < deciding.Dims {
+			held[i] = deciding.Balances[j].Available + deciding.Balances[j].Reserved
+		}
+	}
+	return held
 }
 
 // makeCurrent makes a, which owes debt the subject's current account

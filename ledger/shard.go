@@ -726,6 +726,11 @@ type remintDest struct {
 	to                   *Account
 	toPolicy, fromPolicy *Policy
 	from                 *Account
+	// held is, per dimension of to, what the deciding generation's
+	// account holds in the unit when to is another account (a frozen
+	// subject's owing current one): the remint leaves room for it under
+	// the burst (heldByDeciding).
+	held Amounts
 }
 
 // remintTarget returns the account a remint of units (and a charge of
@@ -758,13 +763,15 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 	subject := s.Account.SubjectKey()
 	var to *Account
 	var toPolicy *Policy
+	var held Amounts
 	if p, ok := activePolicy(b, subject); ok {
 		if a, ap, ok := currentAccount(b, subject, p, now); ok {
 			// ap is not p while the subject owes debt p does not limit:
-			// the current account, which owes it, takes the remint.
+			// the current account, which owes it, takes the remint,
+			// leaving room for what p's account holds.
 			tick(b, a, ap, now)
 			b.AccountPut(a) // a refusal below keeps the refill, as a rejected reserve does
-			to, toPolicy = a, ap
+			to, toPolicy, held = a, ap, heldByDeciding(b, a, ap, p)
 		}
 	}
 	if to == nil {
@@ -788,7 +795,7 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 	if !ok {
 		return nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
 	}
-	dest := &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy}
+	dest := &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy, held: held}
 	for i := 0; i < len(fromPolicy.Dimensions); i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
@@ -871,13 +878,16 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 			move.Debt[i] = debt[i]
 		}
 		if units[i] > 0 {
+			availableBefore := dst.Available
 			mint(dst, units[i])
 			move.Units[i] = units[i]
 			// The bucket was refilled around the shard while it was out:
-			// what the remint lifts past the burst overflows, as refill
-			// tokens do, and is retired at once (recorded, not dropped).
-			// Capacity that was there before the remint is not touched.
-			if over := min(dst.Available+dst.Reserved-toPolicy.Dimensions[j].Burst, units[i]); over > 0 {
+			// what the remint lifts past the burst (counting what the
+			// deciding account holds when dst is another's) overflows,
+			// as refill tokens do, and is retired at once (recorded, not
+			// dropped). Capacity that was there before the remint is
+			// not touched.
+			if over := min(dst.Available+dst.Reserved+dest.held[j]-toPolicy.Dimensions[j].Burst, dst.Available-availableBefore); over > 0 {
 				dst.Available -= over
 				dst.RetiredForMove += over
 			}
