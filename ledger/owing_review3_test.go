@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -51,17 +52,22 @@ func TestOwingReview3ReaddedUnitOpensFullBeside(t *testing.T) {
 // moves g0's 2 owed images there, where those 2 fresh images repay them
 // at once. One bucket of images would owe 1 at 4 s (repaid at 5 s, one
 // image available at 6 s); here at 4 s an image is admitted: 2 images
-// minted from nothing, an older owing generation's debt forgiven.
+// minted from nothing, an older owing generation's debt forgiven. (The
+// switch's reserve at 3 s is refused: g3 owes the 2 images it took over.)
 func TestOwingReview3ReaddedUnitForgivesOwingDebt(t *testing.T) {
 	c, g0, _, _ := twoOwing(t, 7) // g1 owes 3 requests, g0 owes 5 images
 	g3 := c.publish(policyOf(tokens(1000, 100), imagesDim))
 	c.advance(3 * time.Second)
-	c.must(c.reserve("d", 10)) // g1 repaid, g0 owes 2 images: switches to g3
+	// g1 repaid, g0 owes 2 images: switches to g3, which takes them over
+	// and, like one bucket, refuses while it owes them.
+	mustFrozenBy(t, c.reserve("d", 10), "images", g3, 2*time.Second)
 	c.advance(time.Second)
 	if res := c.reserve("e", 10, 1); res.Err == nil {
 		t.Fatalf("1 image admitted on %s at 4 s while one bucket still owes 1 image (generation %d images %+v, generation %d images %+v: opened with a full burst that repaid the 2 moved over)",
 			res.Reservation.Account, g0, c.account(g0).Balances[1], g3, c.account(g3).Balances[1])
 	}
+	c.advance(2 * time.Second)
+	c.must(c.reserve("f", 10, 1)) // 6 s: repaid at 5 s, one image refilled since
 }
 
 // Promise (seed gate OVERSPEND; docs/API.md PublishPolicy: the owing
@@ -105,5 +111,40 @@ func TestOwingReview3ShardRemintWhileFrozenBeyondBurst(t *testing.T) {
 	if res := c.reserve("more", 400); res.Err == nil {
 		t.Fatalf("reserved 400 tokens on %s with generation %d's whole burst reserved and no time passed (generation %d tokens %+v after the remint into it while generation %d held the burst)",
 			res.Reservation.Account, g1, g0, c.account(g0).Balances[0], g1)
+	}
+}
+
+// The owing half of openAccount's check, with no unit left behind by a
+// move: g0 (tokens, images) carves both its images into a shard, so the
+// switch to g1 (tokens, requests) leaves nothing of images on g0. g2
+// (tokens) decides; a late settle leaves g1 owing 3 requests (current
+// again), and the shard's reconcile charges its overuse (7 images used of
+// 2) to g0, which owes 5 images. g3 (tokens, images) re-adds images. At
+// 3 s g1 is repaid and the subject switches to g3 from g1, which does
+// not limit images: g3's account opens them at 0, because an owing member
+// (g0) limits them, and takes g0's remaining debt over. A full burst of 2
+// would have repaid 2 of it from nothing.
+func TestOwingReview3ReaddedUnitOpensEmptyBesideShardDebt(t *testing.T) {
+	c := newChecked(t)
+	g0 := c.publish(droppedShardPolicy(tokens(1000, 100), imagesDim))
+	issueUnits(c, "sh", 10, 2) // g0 images: all in the shard
+	c.publish(droppedShardPolicy(tokens(1000, 100), requestsDim))
+	c.must(c.reserve("b", 10, 1)) // switches to g1; g0 holds no images
+	c.must(c.start("b"))
+	c.publish(droppedShardPolicy(tokens(1000, 100)))
+	c.must(c.reserve("c", 10)) // switches to g2
+	c.advance(10 * time.Second)
+	c.must(c.settle("b", 10, 5)) // late: g1 owes 3 requests, current again
+	c.must(c.apply(reconcileCmd("sh", "gw-a", []ledger.ShardReceipt{settledReceipt("x", ledger.Amounts{10, 2}, ledger.Amounts{10, 7})})))
+	if d := c.account(g0).Balances[1].Debt(); d != 5 {
+		t.Fatalf("generation %d owes %d images after the reconcile, want 5", g0, d)
+	}
+	g3 := c.publish(droppedShardPolicy(tokens(1000, 100), imagesDim))
+	c.advance(3 * time.Second)
+	// One bucket owes 5-3 = 2 images at 3 s: refused, retry after 2 s.
+	res := c.reserve("d", 10)
+	if !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.Dimension != "images" || res.Generation != g3 || res.RetryAfter != 2*time.Second {
+		t.Fatalf("reserve at 3 s: err %v, dimension %q, retry after %s; want frozen by 2 images owed on generation %d (generation %d images %+v, generation %d images %+v)",
+			res.Err, res.Dimension, res.RetryAfter, g3, g0, c.account(g0).Balances[1], g3, c.account(g3).Balances[1])
 	}
 }
