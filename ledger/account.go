@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -106,13 +107,37 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 // openAccount creates the subject's account of p's generation (key) and
 // journals its opening; previousPolicy is the policy of the account that
 // holds the subject's capacity now (nil when none does).
+//
+// A unit the previous account's policy does not limit opens with a full
+// burst only if no other account of the subject may hold or owe it: one
+// the subject's capacity left behind (leftBehind) or an owing member
+// whose policy limits it. Else it opens at 0 and its capacity and debt
+// arrive by moves (the switch's, releaseOwing's, a drain's, a forwarded
+// refund's) and by this account's own refill: a full burst there would be
+// minted beside the older account's holdings, and would repay its debt
+// from nothing. The Book cannot list a subject's accounts, so the check
+// is conservative: a unit once left behind with capacity opens at 0 for
+// good, even after that capacity was reserved and settled away.
 func openAccount(b Book, key AccountKey, p *Policy, previousPolicy *Policy, now time.Time) *Account {
 	account := &Account{Key: key, Dims: len(p.Dimensions)}
+	subject := key.SubjectKey()
+	var owing []*Policy
+	if previousPolicy != nil {
+		for _, g := range owingOf(b, subject) {
+			if op, ok := b.Policy(g); ok && g != key.Generation {
+				owing = append(owing, op)
+			}
+		}
+	}
 	for i := range p.Dimensions {
 		// A unit the previous account limited arrives with the move
 		// below; a unit nobody limited yet opens with a full burst, as
 		// the subject's first account does.
-		if previousPolicy != nil && previousPolicy.DimensionIndex(p.Dimensions[i].Unit) >= 0 {
+		unit := p.Dimensions[i].Unit
+		if previousPolicy != nil && previousPolicy.DimensionIndex(unit) >= 0 {
+			continue
+		}
+		if previousPolicy != nil && (b.Meta(metaLeftBehind(subject, unit)) != 0 || slices.ContainsFunc(owing, func(op *Policy) bool { return op.DimensionIndex(unit) >= 0 })) {
 			continue
 		}
 		account.Balances[i].Opening = p.Dimensions[i].Burst
@@ -251,6 +276,9 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	for i := 0; i < from.Dims; i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
+			if bal := &from.Balances[i]; bal.Available > 0 || bal.Reserved > 0 || bal.Debt() > 0 {
+				noteLeftBehind(b, from.Key.SubjectKey(), fromPolicy.Dimensions[i].Unit)
+			}
 			continue
 		}
 		src, dst := &from.Balances[i], &to.Balances[j]
@@ -291,6 +319,22 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	b.AccountPut(to)
 	b.MovePut(&move)
 	return &move
+}
+
+// metaLeftBehind is the Meta name marking that the subject's capacity in
+// unit was left behind on an account (moveBetween to an account whose
+// policy does not limit it): 1 once it was, never removed. openAccount
+// reads it only when it opens an account, at a switch.
+func metaLeftBehind(s PolicyKey, unit string) string {
+	return "left_behind/" + metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region) + "/" + metaNamePart(unit)
+}
+
+// noteLeftBehind marks the subject's unit as left behind (metaLeftBehind),
+// writing the row only the first time.
+func noteLeftBehind(b Book, s PolicyKey, unit string) {
+	if name := metaLeftBehind(s, unit); b.Meta(name) == 0 {
+		b.MetaPut(name, 1)
+	}
 }
 
 // moveRoom is how much available capacity a move may bring to dst, a

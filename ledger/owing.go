@@ -195,6 +195,13 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 	pKey := key
 	pKey.Generation = p.Generation
 	_, pExists := b.Account(pKey)
+	if pExists && current != p.Generation && !slices.Contains(members, p.Generation) {
+		// p's account refills the units the current account does not
+		// limit while the subject is frozen, also when it owes nothing:
+		// it may hold less than its burst there (openAccount opens a
+		// re-added unit at 0), and nobody else refills them.
+		members = append(members, p.Generation)
+	}
 	var owing []uint64 // members that owe debt p does not limit
 	for _, g := range members {
 		key.Generation = g
