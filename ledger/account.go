@@ -407,7 +407,15 @@ func forward(b Book, account *Account, kind Kind, reservationID string, now time
 	subject := account.Key.SubjectKey()
 	p, ok := activePolicy(b, subject)
 	if !ok {
-		return // nothing admits for the subject: the capacity stays where it is
+		// Nothing admits for the subject: the capacity stays where it
+		// is. Debt left here joins the owing set all the same, so the
+		// next generation's switch takes it (releaseOwing) or, in a
+		// unit that generation does not limit, is frozen by it: else
+		// that switch, from another account, would never see it.
+		if owes(account) && !mutantOn("dropped_debt_forgotten") {
+			markOwing(b, account, now)
+		}
+		return
 	}
 	target, tp, ok := currentAccount(b, subject, p, now)
 	if !ok || target.Key == account.Key {

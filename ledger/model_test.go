@@ -111,11 +111,14 @@ type refModel struct {
 	accounts     map[accountID]*modelAccount
 	current      map[string]uint64 // subject -> generation whose account holds its capacity
 	reservations map[string]*modelReservation
+	// owing are, per subject, accounts a late settle left debt on while
+	// nothing admitted for it: the next switch takes what they hold.
+	owing map[string][]*modelAccount
 }
 
 func newRefModel(now time.Time) *refModel {
 	return &refModel{now: now, policies: map[uint64]*modelPolicy{}, accounts: map[accountID]*modelAccount{},
-		current: map[string]uint64{}, reservations: map[string]*modelReservation{}}
+		current: map[string]uint64{}, reservations: map[string]*modelReservation{}, owing: map[string][]*modelAccount{}}
 }
 
 // activeOf is the newest generation published under exactly this policy
@@ -141,7 +144,10 @@ func (m *refModel) active(subject string) *modelPolicy {
 
 // refill mints what the refill rule owes since the account's cursor: debt
 // first, then available up to the burst (available + reserved).
-func (m *refModel) refill(a *modelAccount, p *modelPolicy) {
+func (m *refModel) refill(a *modelAccount, p *modelPolicy) { m.refillUpTo(a, p, false) }
+
+// refillUpTo is refill; with repayOnly it mints only what repays debt.
+func (m *refModel) refillUpTo(a *modelAccount, p *modelPolicy, repayOnly bool) {
 	for i, d := range p.dims {
 		if d.refill == 0 {
 			continue
@@ -152,6 +158,9 @@ func (m *refModel) refill(a *modelAccount, p *modelPolicy) {
 		}
 		a.cursor[i] = a.cursor[i].Add(time.Duration(intervals) * d.interval)
 		room := max(d.burst-a.available[i]-a.reserved[i], 0)
+		if repayOnly {
+			room = 0
+		}
 		minted := min(intervals*d.refill, a.debt[i]+room)
 		repaid := min(minted, a.debt[i])
 		a.debt[i] -= repaid
@@ -198,6 +207,7 @@ func (m *refModel) switchTo(subject string, p *modelPolicy) (*modelAccount, *mod
 		return m.accounts[id], nil, false
 	}
 	a := m.accounts[id]
+	existed := a != nil
 	if a == nil {
 		a = &modelAccount{subject: subject, generation: p.generation}
 		if !hasPrevious {
@@ -215,10 +225,31 @@ func (m *refModel) switchTo(subject string, p *modelPolicy) (*modelAccount, *mod
 		return a, nil, false
 	}
 	from := m.accounts[accountID{subject, previous}]
-	if pp := m.policies[previous]; !pp.rolledBack {
+	owing := m.owing[subject]
+	delete(m.owing, subject)
+	if pp := m.policies[previous]; len(owing) > 0 {
+		// The previous account was current while nothing admitted
+		// (its generation rolled back): brought to now with the owing
+		// accounts, it refills only to repay its debt.
+		m.refillUpTo(from, pp, true)
+	} else if !pp.rolledBack {
 		m.refill(from, pp)
 	}
-	return a, from, m.move(from, a)
+	// An owing account other than the previous one repays its debt at
+	// its own rate until the switch, unless p's account existed already
+	// (it would refill that unit): then it waits for the switch.
+	for _, o := range owing {
+		if o != from && o != a && !existed {
+			m.refillUpTo(o, m.policies[o.generation], true)
+		}
+	}
+	moved := m.move(from, a)
+	for _, o := range owing {
+		if o != from && o != a {
+			m.move(o, a)
+		}
+	}
+	return a, from, moved
 }
 
 func (m *refModel) isCurrent(a *modelAccount) bool {
@@ -231,6 +262,16 @@ func (m *refModel) isCurrent(a *modelAccount) bool {
 func (m *refModel) forward(a *modelAccount) {
 	p := m.active(a.subject)
 	if p == nil {
+		// Debt left while nothing admits is the next switch's to take.
+		if a.debt != ([modelDims]int64{}) && !slices.Contains(m.owing[a.subject], a) {
+			m.owing[a.subject] = append(m.owing[a.subject], a)
+			if !m.isCurrent(a) {
+				// It repays from now on, at its own rate (below).
+				for i := range modelDims {
+					a.cursor[i] = m.now
+				}
+			}
+		}
 		return
 	}
 	target, _, _ := m.switchTo(a.subject, p)

@@ -197,21 +197,22 @@ func TestRollbackWaitStopsOnADroppedUnit(t *testing.T) {
 	// Without --wait it only shows the table.
 	run(exitOK, "rollback", "--status", "1")
 
-	// Generation 3 limits requests again; the subject's account under it
-	// starts at its burst of 20 requests, and a settled use of 10 makes
-	// room for generation 1's 10 (refill, hourly, fills none meanwhile).
+	// Generation 3 limits requests again. The subject's account under it
+	// opens with no requests, since generation 1's account still holds
+	// them (a fresh burst beside them would be capacity twice): the drain
+	// moves generation 1's 10 over (room for them under the burst of 20),
+	// and then they admit.
 	again := filepath.Join(dir, "again.yaml")
 	if err := os.WriteFile(again, []byte(dropped+"  - unit: requests\n    burst: 20\n    refillUnits: 1\n    refillInterval: 1h\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	run(exitOK, "policy", "publish", again)
-	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10,requests=10", "--id", "c")
-	run(exitOK, "start", "--id", "c", "--operation", "op-c")
-	run(exitOK, "settle", "--id", "c", "--operation", "op-c", "--units", "tokens=10,requests=10")
+	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10", "--id", "c0") // switches to generation 3
 	out, _ = run(exitOK, "rollback", "--status", "1", "--wait", "--interval", "10ms", "--max-wait", "1m")
 	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) {
 		t.Errorf("generation 1 not drained once generation 3 limits the unit again:\n%s", out)
 	}
+	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "requests=10", "--id", "c")
 }
 
 // regexpLine reports whether some line of out matches pattern.

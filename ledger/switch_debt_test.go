@@ -3,16 +3,16 @@ package ledger_test
 import (
 	"testing"
 	"time"
-
-	"github.com/capledger/capledger/ledger"
 )
 
 // Debt settled onto a superseded account while its key admits nothing
 // (every generation rolled back: forward has no current account to send it
-// to) stays there until the drain moves it: a drain of an account holding
-// debt and no available capacity moves the debt to the current account
-// (drainable's debt case), instead of ErrNothingToDrain leaving it behind.
-func TestDrainMovesDebtLeftWhileNothingAdmitted(t *testing.T) {
+// to) joins the subject's owing set, so the switch to the next generation
+// takes it at once (releaseOwing): the subject is not admitted while it is
+// owed. Before, it stayed behind for a drain to move, and the subject was
+// admitted meanwhile (found by the ledger model test, seed
+// 16081695316167319876).
+func TestSwitchTakesDebtLeftWhileNothingAdmitted(t *testing.T) {
 	c := newChecked(t)
 	g1 := c.publish(policyOf(tokens(1000, 0)))
 	c.must(c.reserve("a", 999)) // all of generation 1 but what b takes
@@ -30,16 +30,15 @@ func TestDrainMovesDebtLeftWhileNothingAdmitted(t *testing.T) {
 	p3 := policyOf(tokens(1000, 100))
 	p3.EstimatorDigest = "sha256:v3"
 	g3 := c.publish(p3)
-	c.reserve("c", 1) // switches to generation 3 (from generation 2), refused or not
-	c.advance(time.Minute)
-	if c.account(g3).Balances[0].Debt() != 0 || c.account(g1).Balances[0].Debt() != 200 {
-		t.Fatalf("the switch to generation 3 moved generation 1's debt: want it left for the drain")
+	if res := c.reserve("c", 1); res.Err == nil { // switches to generation 3 (from generation 2)
+		t.Fatalf("admitted on %s while the subject owes 200", res.Reservation.Account)
 	}
-	c.must(c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}))
 	if debt := c.account(g1).Balances[0].Debt(); debt != 0 {
-		t.Fatalf("generation 1 keeps %d debt after the drain, want it moved to generation 3", debt)
+		t.Fatalf("generation 1 keeps %d debt after the switch, want it moved to generation 3", debt)
 	}
-	if bal := c.account(g3).Balances[0]; bal.OverdraftIssued != 200 {
-		t.Fatalf("generation 3 after the drain: %+v, want the 200 debt assumed", bal)
+	if bal := c.account(g3).Balances[0]; bal.OverdraftIssued != 200 || bal.Debt() != 200 {
+		t.Fatalf("generation 3 after the switch: %+v, want the 200 debt assumed and owed", bal)
 	}
+	c.advance(3 * time.Second) // 100 a second repays it
+	c.must(c.reserve("d", 1))
 }
