@@ -222,22 +222,34 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 // shard's remint, remintShard). Zero where p does not limit the unit or
 // its account does not exist yet.
 func heldByDeciding(b Book, a *Account, ap, p *Policy) Amounts {
+	available, reserved := decidingHolds(b, a, ap, p)
 	var held Amounts
+	for i := range held {
+		held[i] = available[i] + reserved[i]
+	}
+	return held
+}
+
+// decidingHolds returns, per dimension of a (under its policy ap), the
+// available and reserved capacity the deciding generation's account (p's)
+// holds in the same unit, when a is not that account; zero where p does
+// not limit the unit or its account does not exist yet.
+func decidingHolds(b Book, a *Account, ap, p *Policy) (available, reserved Amounts) {
 	if a.Key.Generation == p.Generation {
-		return held
+		return available, reserved
 	}
 	key := a.Key
 	key.Generation = p.Generation
 	deciding, ok := b.Account(key)
 	if !ok {
-		return held
+		return available, reserved
 	}
 	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
 		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < deciding.Dims {
-			held[i] = deciding.Balances[j].Available + deciding.Balances[j].Reserved
+			available[i], reserved[i] = deciding.Balances[j].Available, deciding.Balances[j].Reserved
 		}
 	}
-	return held
+	return available, reserved
 }
 
 // makeCurrent makes a, which owes debt the subject's current account

@@ -311,19 +311,9 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 // subject's capacity is both, and a refusal asks admission of the sum.
 func subjectCapacity(b Book, a *Account, ap, p *Policy) Account {
 	capacity := *a
-	if a.Key.Generation == p.Generation {
-		return capacity
-	}
-	key := a.Key
-	key.Generation = p.Generation
-	pa, ok := b.Account(key)
-	if !ok {
-		return capacity
-	}
-	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
-		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < pa.Dims {
-			capacity.Balances[i].Available += pa.Balances[j].Available
-		}
+	available, _ := decidingHolds(b, a, ap, p)
+	for i := 0; i < a.Dims; i++ {
+		capacity.Balances[i].Available += available[i]
 	}
 	return capacity
 }
