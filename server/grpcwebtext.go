@@ -189,8 +189,12 @@ func (w *grpcWebTextWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Flush sends what is pending, padded, then flushes the connection.
+// Flush sends what is pending, padded, then flushes the connection. The
+// header goes through WriteHeader first: a trailers-only answer (an error
+// before any message) is headers and a flush, and flushing the underlying
+// writer directly would send them unlabelled, application/grpc-web.
 func (w *grpcWebTextWriter) Flush() {
+	w.WriteHeader(http.StatusOK)
 	w.writePending()
 	http.NewResponseController(w.ResponseWriter).Flush()
 }
@@ -202,8 +206,13 @@ func (w *grpcWebTextWriter) writePending() {
 	}
 }
 
-// finish sends the last bytes once the handler returned.
-func (w *grpcWebTextWriter) finish() { w.writePending() }
+// finish sends the last bytes once the handler returned, and labels an
+// answer the handler wrote nothing of (net/http would send its header as
+// it is).
+func (w *grpcWebTextWriter) finish() {
+	w.WriteHeader(http.StatusOK)
+	w.writePending()
+}
 
 // Unwrap lets http.ResponseController reach the connection's own writer.
 func (w *grpcWebTextWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -211,3 +211,32 @@ func TestAcceptPostListsTheGrpcWebTextTypes(t *testing.T) {
 		t.Errorf("grpc-web-text+xml: %d, Accept-Post %q", r.status, r.header.Get("Accept-Post"))
 	}
 }
+
+// A trailers-only answer (an error decided before any message: no token, a
+// reservation not found, a capacity rejection) to a text-mode call is
+// labelled as text like every other answer to one, its content type
+// application/grpc-web-text: the grpc-web JavaScript client picks how to
+// read an answer by its content type, and docs/API.md serves text mode
+// "both ways".
+func TestGRPCWebTextTrailersOnlyAnswerIsLabelledText(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	get := base64.StdEncoding.EncodeToString(grpcWebFrame(t, &v1.GetReservationRequest{ReservationId: "nobody-used-it"}))
+	reserve := base64.StdEncoding.EncodeToString(grpcWebFrame(t, &v1.ReserveRequest{ReservationId: "text-too-large",
+		Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1 << 40}}))
+	for _, c := range []struct {
+		name, path, wire, token, status string
+	}{
+		{"not found", "/capledger.v1.LedgerService/GetReservation", get, gatewayToken, "5"},
+		{"no token", "/capledger.v1.LedgerService/GetReservation", get, "", "16"},
+		{"rejection", "/capledger.v1.LedgerService/Reserve", reserve, gatewayToken, "8"},
+	} {
+		a := h.grpcWebTextCall(c.path, c.wire, c.token)
+		if a.trailers.Get("Grpc-Status") != c.status || len(a.messages) != 0 {
+			t.Fatalf("%s: %+v", c.name, a)
+		}
+		if !strings.HasPrefix(a.contentType, "application/grpc-web-text") {
+			t.Errorf("%s: a trailers-only answer to a text-mode call is labelled %q, want application/grpc-web-text", c.name, a.contentType)
+		}
+	}
+}
