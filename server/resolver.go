@@ -28,7 +28,7 @@ func (m *Metrics) registerResolver(v ResolverView) {
 		overdue: prometheus.NewDesc("capledger_usage_unknown_overdue",
 			"USAGE_UNKNOWN reservations past their route's unknownDeadline at the resolver's last complete scan: still held, waiting for an operator.", nil, nil),
 		polls: prometheus.NewDesc("capledger_resolver_polls_total",
-			"Operation-status calls of the USAGE_UNKNOWN resolver, by outcome (ok: a verified answer; error: anything else, which leaves the reservation USAGE_UNKNOWN).", []string{"outcome"}, nil),
+			"Operation-status calls of the USAGE_UNKNOWN resolver, by outcome (ok: an answer it could read, a signed status or a 404 for no record of the operation; error: anything else, which leaves the reservation USAGE_UNKNOWN).", []string{"outcome"}, nil),
 		settled: prometheus.NewDesc("capledger_resolver_settled_total",
 			"USAGE_UNKNOWN reservations the resolver settled, by the answer (finished: its actual units; never_started: zero usage).", []string{"answer"}, nil),
 	})
