@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -781,7 +782,8 @@ func TestPublishEditedFromAStaleGenerationIsRefused(t *testing.T) {
 		t.Fatalf("a retry of the publish edited from %d: %+v, want a replay of %d", g1, res, g2.Generation)
 	}
 	if res := edited(3000, 99); !errors.Is(res.Err, ledger.ErrPolicyGenerationChanged) ||
-		!strings.Contains(res.Err.Error(), "generation 99 is no generation of") {
+		!strings.Contains(res.Err.Error(), "generation 99 is no generation of") ||
+		!strings.Contains(res.Err.Error(), fmt.Sprintf("generation %d is active", g2.Generation)) {
 		t.Fatalf("publish edited from a generation that does not exist: %+v", res)
 	}
 	c.rollback(testSubject, g2.Generation)

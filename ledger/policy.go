@@ -278,8 +278,12 @@ func stillActive(b Book, key PolicyKey, head *PolicyHead, found bool, replaces u
 	if found && head.Active == replaces {
 		return nil
 	}
+	active := "it has no active generation"
+	if found && head.Active != 0 {
+		active = fmt.Sprintf("generation %d is active", head.Active)
+	}
 	if p, ok := b.Policy(replaces); !ok || p.Key != key {
-		return fmt.Errorf("%w: generation %d is no generation of %s", ErrPolicyGenerationChanged, replaces, key)
+		return fmt.Errorf("%w: generation %d is no generation of %s (%s)", ErrPolicyGenerationChanged, replaces, key, active)
 	}
 	if !found || head.Active == 0 {
 		return fmt.Errorf("%w: edited from generation %d of %s, which has no active generation now (rolled back)", ErrPolicyGenerationChanged, replaces, key)
