@@ -178,3 +178,30 @@ func TestOwingReview4OwingCurrentRefillsBesideReplacedDecidingAccount(t *testing
 			reserved, g1, g3, g1, c.account(g1).Balances[0], g3, c.account(g3).Balances[0])
 	}
 }
+
+// Added with the fix (it fails at 7638f7f2 too, and failed with the
+// other five fixed before slowestOwing counted the request's units).
+// Promise (slowestOwing: "a retry after the wait returned is admitted as
+// far as debt goes"; the request's units in a unit only the deciding
+// generation's account refills count too). The short-freeze variant of
+// TestOwingReview4RetryAfterIgnoresReaddedUnitOpeningEmpty: g1 owes 1
+// request (1 s), and the reserve asks 2 images, which g2's account opens
+// at 0 (left behind on g0) and refills at 1 a second while the subject is
+// frozen: the retry-after is 2 s, not the 1 s of the requests debt.
+func TestOwingReview4RetryAfterCountsUnitsOfReaddedUnit(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100), imagesDim))
+	c.must(c.reserve("a", 10, 1)) // g0: 1 image in flight, 1 available
+	c.must(c.start("a"))
+	c.publish(policyOf(tokens(1000, 100), requestsDim))
+	c.must(c.reserve("b", 10, 1)) // switches to g1: images left behind on g0
+	c.must(c.start("b"))
+	c.must(c.settle("b", 10, 3)) // g1 owes 1 request
+	g2 := c.publish(policyOf(tokens(1000, 99), imagesDim))
+	first := c.reserve("d", 10, 2)
+	mustFrozenBy(t, first, "images", g2, 2*time.Second)
+	c.advance(first.RetryAfter)
+	if res := c.reserve("e", 10, 2); res.Err != nil {
+		t.Fatalf("retry after the promised %s refused again: %v (%s, retry after %s)", first.RetryAfter, res.Err, res.Dimension, res.RetryAfter)
+	}
+}
