@@ -110,14 +110,16 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 //
 // A unit the previous account's policy does not limit opens with a full
 // burst only if no other account of the subject may hold or owe it: one
-// the subject's capacity left behind (leftBehind) or an owing member
-// whose policy limits it. Else it opens at 0 and its capacity and debt
-// arrive by moves (the switch's, releaseOwing's, a drain's, a forwarded
-// refund's) and by this account's own refill: a full burst there would be
-// minted beside the older account's holdings, and would repay its debt
-// from nothing. The Book cannot list a subject's accounts, so the check
-// is conservative: a unit once left behind with capacity opens at 0 for
-// good, even after that capacity was reserved and settled away.
+// the subject's capacity left behind (left_behind, written by every move
+// away from an account whose policy limits the unit, whatever it held
+// there) or an owing member whose policy limits it. Else it opens at 0
+// and its capacity and debt arrive by moves (the switch's, an owing
+// member's, a drain's, a forwarded refund's, a shard's remint) and by this
+// account's own refill: a full burst there would be minted beside the
+// older account's holdings, and would repay its debt from nothing. The
+// Book cannot list a subject's accounts, so the check is conservative: a
+// unit once left behind opens at 0 for good, even after what was left
+// there was reserved and settled away.
 func openAccount(b Book, key AccountKey, p *Policy, previousPolicy *Policy, now time.Time) *Account {
 	account := &Account{Key: key, Dims: len(p.Dimensions)}
 	subject := key.SubjectKey()
@@ -193,13 +195,14 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
 // counting what p's account (when it is not a) holds in that unit,
-// available and reserved. p's account keeps its capacity while another
-// account is current (markOwing makes one current without moving it, and
-// after a rollback p's account, replaced by settleOwing, keeps it as the
-// switch's destination) and does not refill it (settleOwing), so a's
-// refill room there is its burst less both accounts' holdings: else the
-// subject, at burst on p's account, would mint on a what the switch
-// cannot move into p's burst, and a rollback would admit it.
+// available and reserved. When a became current, p's account moved its
+// available capacity to a (makeCurrent), but it keeps its reservations,
+// what a's burst had no room for, and what other members move to it while
+// the subject is frozen (settleOwing), and it does not refill such a unit
+// (settleOwing), so a's refill room there is its burst less both
+// accounts' holdings: else the subject, at burst on p's account, would
+// mint on a what the switch cannot move into p's burst, and a rollback
+// would admit it.
 func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 	rollEpoch(b, a, ap, now)
 	var repayOnly uint8
@@ -256,12 +259,30 @@ func decidingHolds(b Book, a *Account, ap, p *Policy) (available, reserved Amoun
 // cannot take, the subject's current account again: it refills from now
 // (until now another account refilled for the time), and the subject's
 // admission stays frozen by its debt until refill repays it.
+//
+// The account it replaces (the subject's current one until now, brought
+// to now by the caller) moves its available capacity and debt to a
+// (moveBetween, receipt "owing:<account>:<version>"), as every change of
+// the current pointer does (switchTo moves them too): the subject's
+// capacity stays where its admission is decided and refilled, and no
+// second account keeps it beside a. What a cannot take (a unit its
+// policy does not limit, capacity beyond its burst) stays behind, and a
+// unit left so is marked (left_behind), so a later generation limiting it
+// again opens it at 0.
 func makeCurrent(b Book, a *Account, now time.Time) {
+	subject := a.Key.SubjectKey()
 	for i := 0; i < a.Dims; i++ {
 		a.RefilledTo[i] = now.UnixNano()
 	}
 	b.AccountPut(a)
-	b.AccountCurrentPut(a.Key.SubjectKey(), a.Key.Generation)
+	if g, ok := b.AccountCurrent(subject); ok && g != a.Key.Generation {
+		key := a.Key
+		key.Generation = g
+		if r, found := b.Account(key); found {
+			moveBetween(b, r, a, MoveForward, "owing:"+r.Key.String()+":"+strconv.FormatUint(r.Version, 10), now)
+		}
+	}
+	b.AccountCurrentPut(subject, a.Key.Generation)
 }
 
 // moveBetween moves from's debt and available capacity to to: the debt is
@@ -288,9 +309,12 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	for i := 0; i < from.Dims; i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
-			if bal := &from.Balances[i]; bal.Available > 0 || bal.Reserved > 0 || bal.Debt() > 0 {
-				noteLeftBehind(b, from.Key.SubjectKey(), fromPolicy.Dimensions[i].Unit)
-			}
+			// Whatever from holds there (available, reserved, a shard's
+			// allocation in retiredForEmergency, debt, or nothing left
+			// of a burst just spent), the subject's capacity in the
+			// unit was last counted here: a later account limiting it
+			// again opens it at 0 (openAccount).
+			noteLeftBehind(b, from.Key.SubjectKey(), fromPolicy.Dimensions[i].Unit)
 			continue
 		}
 		src, dst := &from.Balances[i], &to.Balances[j]
@@ -335,7 +359,9 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 
 // metaLeftBehind is the Meta name marking that the subject's capacity in
 // unit was left behind on an account (moveBetween to an account whose
-// policy does not limit it): 1 once it was, never removed. openAccount
+// policy does not limit it, whatever the account held there: available,
+// reserved, a shard's allocation, debt, or a burst just spent): 1 once it
+// was, never removed. openAccount
 // reads it only when it opens an account, at a switch.
 func metaLeftBehind(s PolicyKey, unit string) string {
 	return "left_behind/" + metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region) + "/" + metaNamePart(unit)

@@ -17,9 +17,20 @@ import (
 // to the deciding generation's account while another account is current
 // (Record); a shard's overuse charged to its own account (markOwing is
 // the function a caller outside this file uses). It leaves once it owes
-// nothing (unless it holds capacity the switch must move, settleOwing),
-// or when the subject switches to the deciding generation, which takes
-// its remaining debt (releaseOwing).
+// nothing (unless it holds capacity in a unit p limits that has not
+// moved yet, settleOwing), or when the subject switches to the deciding generation,
+// which takes its remaining debt (releaseOwing).
+//
+// One rule keeps the subject's capacity in one place: whenever the
+// current pointer moves from one account to another (a switch, switchTo;
+// an owing account made current, makeCurrent), the account it leaves
+// moves its available capacity and debt to the new one, and every unit
+// the new one's policy does not limit is marked left_behind, whatever the
+// old account holds there, so a later generation limiting it again opens
+// it at 0 (openAccount). While the subject is frozen the deciding
+// generation's account is open (settleOwing opens it), and every other
+// member moves its debt and capacity in the units it limits there at once:
+// its refill repays that debt during the freeze, and slowestOwing counts it.
 //
 // While any member owes debt in a unit the deciding generation does not
 // limit, the subject is frozen: its current account is such a member,
@@ -28,7 +39,8 @@ import (
 // current pointer and nothing more even after a rollback; every member
 // refills that unit only to repay it, and the retry-after is the slowest
 // of the current one's and every other owing account's, the deciding
-// generation's included (slowestOwing). Only
+// generation's included, with the request's units where only that account
+// refills them (slowestOwing). Only
 // commands that read the subject's current pointer first read or write
 // the set, so replicas serialise on the subject's rows.
 
@@ -94,8 +106,9 @@ func metaRemove(b Book, name string) {
 // markOwing records that a, put already, owes debt the subject's current
 // account may not take: a joins the subject's owing set, and when the
 // deciding generation's account is current (the hot path, which reads no
-// set), a becomes current instead (makeCurrent), after that account is
-// brought to now, so the next command of the subject looks at the set.
+// set), a becomes current instead (makeCurrent, which moves that account's
+// capacity and debt to a), after that account is brought to now, so the
+// next command of the subject looks at the set.
 // It does nothing when a owes nothing. The next command (or the caller,
 // through switchTo) decides whether the subject stays frozen.
 func markOwing(b Book, a *Account, now time.Time) {
@@ -143,14 +156,14 @@ func markOwing(b Book, a *Account, now time.Time) {
 // deciding generation's account when it is p's, a rollback having made
 // it decide again), p's account when not current only in a unit the
 // current account does not refill, there fully (the current account
-// refills the others, and its refill moves to p's account at the switch: both
-// refilling would mint the subject's capacity twice), any other only to
-// repay debt (it holds none of the subject's capacity) in a unit p does
-// not limit, or in one p limits that neither the current account refills
-// nor p's account, not yet opened, would take at the switch. Members
-// that owe nothing leave, except one holding available
-// capacity in a unit p limits (a current account an owing one replaced,
-// below): releaseOwing moves it at the switch.
+// refills the others, and its refill moves to p's account at the switch:
+// both refilling would mint the subject's capacity twice), any other only
+// to repay debt (it holds none of the subject's capacity) in a unit p
+// does not limit, or in one p limits that neither the current account
+// refills nor p's account, not yet opened, would take. Members that owe
+// nothing leave, except one holding available capacity in a unit p
+// limits: releaseOwing moves it at the switch, or intoDeciding at once
+// while the subject is frozen.
 //
 // When some member owes debt in a unit p does not limit, the subject is
 // frozen: it returns the current account with its own policy, and
@@ -161,17 +174,25 @@ func markOwing(b Book, a *Account, now time.Time) {
 // account's generation decide again, and the hot path, which reads no
 // set for an account that owes nothing, would admit. The account replaced
 // no longer refills (the new current one refills for the time): what it
-// holds moves to the new one (moveBetween), so the subject's capacity is
-// where its admission is decided, and what the new one cannot take (a
-// unit p limits that it does not) stays with the account in the set, for
-// the switch to move (releaseOwing). p's own account, replaced after a
-// rollback, keeps its capacity: it is the switch's destination, and the
-// new current account refills only into the room it leaves
-// (bringOwingToNow), so the subject's capacity refills once.
+// holds moves to the new one (makeCurrent), so the subject's capacity is
+// where its admission is decided; what the new one cannot take in a unit
+// p limits moves on to p's account (intoDeciding), as any member's
+// does. p's own account, replaced after a rollback, moves its capacity
+// too: the switch back moves it home, and meanwhile p's account refills
+// only the units the new current account does not refill. While frozen,
+// the last step is intoDeciding: p's account is opened if it does not
+// exist, and every other member's debt and capacity in units p limits
+// moves there.
 // Otherwise it returns the members left (owing debt p can take, or
 // holding capacity, which releaseOwing moves once the subject switches),
 // not frozen.
 func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.Time) (a *Account, ap *Policy, frozen bool, rest []uint64) {
+	return settleOwingMoving(b, subject, current, p, now, true)
+}
+
+// settleOwingMoving is settleOwing; intoDeciding runs only when move is
+// set (a view, BringToNowAsShown, leaves what it would move where it is).
+func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now time.Time, move bool) (a *Account, ap *Policy, frozen bool, rest []uint64) {
 	if mutantOn("dropped_debt_forgotten") {
 		return nil, nil, false, nil
 	}
@@ -243,7 +264,10 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 			// switch) or p's account exists (the switch moves the debt
 			// there, where its available repays it first); else nobody
 			// would repay it while frozen, and the switch would move it
-			// to an account opened empty and freeze again.
+			// to an account opened empty and freeze again. (While
+			// the subject is frozen p's account exists from the first
+			// command on, below, and the member's debt there moves to
+			// it.)
 			skip := limitedBy(m, mp, p)
 			if !pExists {
 				skip = 0
@@ -274,27 +298,28 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 		// Keep the invariant: an owing member becomes current.
 		key.Generation = owing[0]
 		if m, ok := b.Account(key); ok {
+			// What the replaced account holds moves to the new current
+			// one (makeCurrent), which refills it from now on and whose
+			// admission decides; what it holds in a unit p limits and
+			// the new one does not then moves to p's account, as every
+			// other member's does (above), and what does not fit there
+			// stays, with the replaced account in the set.
 			makeCurrent(b, m, now)
 			replaced := key
 			replaced.Generation = current
-			if r, rp, err := accountFor(b, replaced); err == nil && current != p.Generation {
-				// What the replaced account holds moves to the new
-				// current one, which refills it from now on and
-				// whose admission decides; capacity in a unit p
-				// limits and the new one does not stays, and the
-				// replaced account with it in the set, for
-				// releaseOwing to move at the switch.
-				moveBetween(b, r, m, MoveForward, "owing:"+r.Key.String()+":"+strconv.FormatUint(r.Version, 10), now)
-				if r, ok := b.Account(replaced); ok && holdsFor(r, rp, p) && !slices.Contains(rest, current) {
-					rest = append(rest, current)
-				}
+			if r, rp, err := accountFor(b, replaced); err == nil && current != p.Generation && (holdsFor(r, rp, p) || owes(r)) && !slices.Contains(rest, current) {
+				rest = append(rest, current)
 			}
 		}
 	}
-	owingPut(b, subject, old, rest)
 	if len(owing) == 0 {
+		owingPut(b, subject, old, rest)
 		return nil, nil, false, rest
 	}
+	if move {
+		rest = intoDeciding(b, subject, p, rest, now)
+	}
+	owingPut(b, subject, old, rest)
 	key.Generation, _ = b.AccountCurrent(subject)
 	a, ap, err := accountFor(b, key)
 	if err != nil {
@@ -303,11 +328,59 @@ func settleOwing(b Book, subject PolicyKey, current uint64, p *Policy, now time.
 	return a, ap, true, nil
 }
 
+// intoDeciding is settleOwing's last step while the subject is frozen
+// under p: p's account is opened if it does not exist yet
+// (decidingAccount: a re-added unit opens at 0), so that it refills the
+// units the current account does not refill during the freeze (and its
+// cursor starts now), and every member of rest other than the current
+// account and p's moves its debt and available capacity in units p
+// limits there (moveBetween, receipt "owing:<account>:<version>"), as the
+// switch would: p's account is where the subject's capacity in them is
+// decided and refilled, it repays that debt from its available first and
+// then by its refill while the subject is frozen (slowestOwing counts
+// it), and no member keeps the subject's capacity beside it. It returns
+// rest without the members left owing and holding nothing p limits, with
+// p's account when it owes.
+func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.Time) []uint64 {
+	current, ok := b.AccountCurrent(subject)
+	if !ok || current == p.Generation {
+		return rest
+	}
+	cp, ok := b.Policy(current)
+	if !ok {
+		return rest
+	}
+	pa := decidingAccount(b, subject, p, cp, now)
+	key := pa.Key
+	kept := rest[:0:0]
+	for _, g := range rest {
+		if g == current || g == p.Generation {
+			kept = append(kept, g)
+			continue
+		}
+		key.Generation = g
+		m, mp, err := accountFor(b, key)
+		if err != nil {
+			kept = append(kept, g)
+			continue
+		}
+		moveBetween(b, m, pa, MoveForward, "owing:"+m.Key.String()+":"+strconv.FormatUint(m.Version, 10), now)
+		if owes(m) || holdsFor(m, mp, p) {
+			kept = append(kept, g)
+		}
+	}
+	if owes(pa) && !slices.Contains(kept, p.Generation) {
+		kept = append(kept, p.Generation)
+	}
+	return kept
+}
+
 // subjectCapacity returns a copy of a, the subject's current account
 // under its policy ap, whose available capacity in each unit p limits
 // counts what p's account (when it is not a) holds available there too:
-// while another account is current, p's account keeps its capacity and a
-// refills only into the room it leaves (bringOwingToNow), so the
+// while another account is current, p's account may hold capacity in
+// such a unit (what a member moved there, what a's burst had no room for)
+// and a refills only into the room it leaves (bringOwingToNow), so the
 // subject's capacity is both, and a refusal asks admission of the sum.
 func subjectCapacity(b Book, a *Account, ap, p *Policy) Account {
 	capacity := *a
@@ -383,14 +456,19 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 // (refillWait), and the debt of p's own account, which the subject
 // switches to once the others are repaid (p limits all of it), with the
 // request's units (units, in p's dimensions): a retry after the wait
-// returned is admitted as far as debt goes. While frozen, p's account
+// returned is admitted as far as debt goes. Other members owe nothing
+// in a unit p limits: settleOwing moved that debt to p's account. While
+// frozen, p's account
 // refills only what the current account does not (settleOwing), fully
 // (its debt, then the units, less its available: the wait), so its
 // debt in a unit the current account refills waits on the current
 // account's refill, which the switch moves to p's account, for that debt,
 // the current account's own debt there and the units, less what is
-// available there now; in another unit, on p's account's own refill. 0
-// (never) is the slowest. ok is false when no other account owes.
+// available there now; in another unit, on p's account's own refill, and
+// there the request's units wait on it even when it owes nothing (p's
+// account is the subject's only capacity in that unit: a re-added unit
+// opens at 0). 0 (never) is the slowest. ok is false when no other
+// account owes or makes the request wait.
 func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now time.Time) (unit string, wait time.Duration, ok bool) {
 	key := current.Key
 	consider := func(u string, w time.Duration) {
@@ -418,10 +496,15 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 		}
 		for i := 0; i < m.Dims && i < len(mp.Dimensions); i++ {
 			debt := m.Balances[i].Debt()
-			if debt <= 0 {
+			d := &mp.Dimensions[i]
+			if debt <= 0 && (g != p.Generation || units[i] == 0 || (cp.DimensionIndex(d.Unit) >= 0 && refillsFor(cp))) {
+				// Nothing owed here; and in a unit the current account
+				// refills, the request's units wait on it (admit on
+				// subjectCapacity, refuseOwing). In another unit p's
+				// account is the subject's only capacity (a re-added
+				// unit opens at 0): the request waits on its refill.
 				continue
 			}
-			d := &mp.Dimensions[i]
 			if g != p.Generation {
 				// The member repays it unless p limits it and the
 				// current account refills it or p's account exists
@@ -439,7 +522,12 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 				continue
 			}
 			// p's account refills it fully (settleOwing): the debt,
-			// then the request, less what is available there now.
+			// then the request, less what is available there now. A
+			// request that does not fit beside the holds there however
+			// long it refills is the switch's refusal to name (admit).
+			if debt <= 0 && units[i] > d.Burst-m.Balances[i].Reserved {
+				continue
+			}
 			if shortfall := debt + units[i] - m.Balances[i].Available; shortfall > 0 {
 				consider(d.Unit, refillWait(m, d, i, shortfall, now))
 			}
@@ -469,13 +557,15 @@ func OwingMetaName(subject PolicyKey) string { return metaOwing(subject) }
 // to repay, an owing one made current where the invariant asks it), the
 // current account refilled under its own rule when the subject is not
 // frozen, and every other account's elapsed epochs closed. What a switch
-// would then move (switchTo, releaseOwing) is left where it is. Only b
+// would then move (switchTo, releaseOwing), or a frozen subject's next
+// command would move to the deciding generation's account (intoDeciding),
+// is left where it is. Only b
 // is written; a view runs it on a copy of what it read.
 func BringToNowAsShown(b Book, subject PolicyKey, keys []AccountKey, p *Policy, now time.Time) {
 	current, hasCurrent := b.AccountCurrent(subject)
 	frozen := false
 	if hasCurrent && p != nil {
-		_, _, frozen, _ = settleOwing(b, subject, current, p, now)
+		_, _, frozen, _ = settleOwingMoving(b, subject, current, p, now, false)
 		current, hasCurrent = b.AccountCurrent(subject)
 	}
 	for _, key := range keys {

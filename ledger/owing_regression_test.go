@@ -139,14 +139,14 @@ func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 // The deciding generation's account, not current, leaves the units the
 // current account limits to that account's refill (settleOwing): its
 // cursor there moves along, so when an owing account that does not limit
-// tokens becomes current, it repays its tokens debt from then on, not
-// for the time the first current account refilled tokens. g1 (tokens,
-// images) owes 3 images until 3 s, g0 (requests only) owes 5 requests
-// until 5 s, and a record while frozen leaves 400 tokens owed on g2's
-// account at 0 s. At 3 s g0 becomes current; at 4 s g2's account has
-// repaid 1 s of tokens (100), not 4 s. (The retry-after counts the
-// request's tokens on top of the debt: g2's account, refilling tokens
-// fully while g0 is current, must make room for them too.)
+// tokens becomes current, it refills tokens from then on, not for the
+// time the first current account refilled them. g1 (tokens, images) owes
+// 3 images until 3 s, g0 (requests only) owes 5 requests until 5 s, and
+// a record while frozen leaves 400 tokens owed on g2's account at 0 s. At
+// 3 s g0 becomes current, and g1's 1000 tokens, which g0 does not limit,
+// move to g2's account (makeCurrent leaves them on g1, settleOwing moves
+// them on), repaying the 400: 600 available. At 4 s g2's account has
+// refilled 1 s of tokens (700), not 4 s (1000).
 func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
 	c := newChecked(t)
@@ -164,15 +164,18 @@ func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 		t.Fatalf("record on %s, generation %d's tokens %+v; want 400 owed there", rec.Reservation.Account, g2, c.account(g2).Balances[0])
 	}
 	c.advance(3 * time.Second)
-	// 400 tokens owed plus the 10 asked, refilled from 3 s: 4.1 s, 5 s.
-	mustFrozenBy(t, c.reserve("x", 10), "tokens", g2, 5*time.Second)
+	// g0's 5 requests, repaid from 0 s: 2 s more.
+	mustFrozenBy(t, c.reserve("x", 10), "requests", g2, 2*time.Second)
 	if !isCurrentGen(c, g0) {
 		t.Fatalf("generation %d (owing requests) is not current once %d is repaid", g0, g1)
 	}
+	if tk := c.account(g2).Balances[0]; tk.Debt() != 0 || tk.Available != 600 {
+		t.Fatalf("generation %d's tokens at 3 s: %+v; want generation %d's 1000 moved in, 400 of them repaying the debt", g2, tk, g1)
+	}
 	c.advance(time.Second)
 	c.reserve("y", 10)
-	if d := c.account(g2).Balances[0].Debt(); d != 300 {
-		t.Fatalf("generation %d owes %d tokens at 4 s, want 300 (repaid from 3 s, when generation %d stopped refilling tokens)", g2, d, g1)
+	if tk := c.account(g2).Balances[0]; tk.Available != 700 {
+		t.Fatalf("generation %d has %d tokens available at 4 s, want 700 (refilled from 3 s, when generation %d stopped refilling tokens)", g2, tk.Available, g1)
 	}
 }
 
