@@ -88,19 +88,29 @@ const lockOwingSQL = `SELECT m.name, m.value FROM unnest($1::text[], $2::text[],
 		AND (m.name = k.name OR m.name COLLATE "C" >= k.lo)
 	ORDER BY m.name COLLATE "C"`
 
+// owingLockMode is how owing-set rows are locked: waiting for a holder as
+// in lock order, also when out of it (a transaction locking an account of
+// a second subject through AccountGet), unlike the other rows (lockMode).
+// Lowering the transaction's lock_timeout for them would shorten every
+// wait after, the in-order waits for accounts included, while most such
+// reads find no row (a subject that owes nothing has none) and so wait
+// for nobody; a wait cycle through the rows of a subject that owes is
+// broken by PostgreSQL's deadlock detector (40P01, store.ErrConflict).
+const owingLockMode = lockWait
+
 // lockOwing reads and locks the owing-set rows of those of subjects whose
 // set this transaction did not lock yet, in one statement, in lock order
-// (rankOwing: before every account; waiting as lockMode decides), and
-// keeps them: MetaGet answers them without a query. Returns nil or the
+// (rankOwing: before every account; owingLockMode), and keeps them:
+// MetaGet answers them without a query. Returns nil or the
 // read's error (store.ErrConflict for a lock timeout or deadlock,
 // store.ErrUnavailable when the server cannot be reached).
 func (t *tx) lockOwing(ctx context.Context, subjects []ledger.PolicyKey) error {
-	l, err := t.owingLookup(ctx, subjects)
-	if err != nil || l == nil {
-		return err
+	l := t.owingLookup(subjects)
+	if l == nil {
+		return nil
 	}
 	found := map[string]int64{}
-	err = t.queryLookup(ctx, func(rows pgx.Rows) error { return scanOwing(rows, found) }, l.sql, l.args...)
+	err := t.queryLookup(ctx, func(rows pgx.Rows) error { return scanOwing(rows, found) }, l.sql, l.args...)
 	if err != nil {
 		return t.s.c.classify("owing sets", err, false)
 	}
@@ -118,9 +128,8 @@ type owingSetsLookup struct {
 }
 
 // owingLookup returns the lookup of the owing sets of those of subjects
-// this transaction did not lock yet (nil: none), its lock mode decided
-// (lockMode, which may lower the transaction's lock_timeout: the error).
-func (t *tx) owingLookup(ctx context.Context, subjects []ledger.PolicyKey) (*owingSetsLookup, error) {
+// this transaction did not lock yet (nil: none).
+func (t *tx) owingLookup(subjects []ledger.PolicyKey) *owingSetsLookup {
 	var bases []string
 	for _, k := range subjects {
 		if base := ledger.OwingMetaName(k); !t.owing.bases[base] {
@@ -128,19 +137,15 @@ func (t *tx) owingLookup(ctx context.Context, subjects []ledger.PolicyKey) (*owi
 		}
 	}
 	if len(bases) == 0 {
-		return nil, nil
+		return nil
 	}
 	slices.Sort(bases)
 	bases = slices.Compact(bases)
-	mode, err := t.lockMode(ctx, rowKey{rank: rankOwing, a: bases[0]})
-	if err != nil {
-		return nil, err
-	}
 	lo, hi := make([]string, len(bases)), make([]string, len(bases))
 	for i, base := range bases {
 		lo[i], hi[i] = base+"/", store.PrefixEnd(base+"/")
 	}
-	return &owingSetsLookup{bases: bases, sql: lockOwingSQL + mode.clause("m"), args: []any{bases, lo, hi}}, nil
+	return &owingSetsLookup{bases: bases, sql: lockOwingSQL + owingLockMode.clause("m"), args: []any{bases, lo, hi}}
 }
 
 // scanOwing reads the (name, value) rows of an owing-set lookup into
@@ -195,14 +200,8 @@ func (t *tx) accountAndOwing(ctx context.Context, key ledger.AccountKey, mode lo
 		}
 		return t.s.accountGet(ctx, t.tx, key, mode)
 	}
-	// Ranked before every account, the set is in lock order when the
-	// account is, and out of it when the account is.
-	owingMode, err := t.lockMode(ctx, rowKey{rank: rankOwing, a: base})
-	if err != nil {
-		return nil, 0, err
-	}
 	b := &pgx.Batch{}
-	b.Queue(lockOwingOneSQL+owingMode.clause(""), base, base+"/", store.PrefixEnd(base+"/"))
+	b.Queue(lockOwingOneSQL+owingLockMode.clause(""), base, base+"/", store.PrefixEnd(base+"/"))
 	b.Queue(accountByKeySQL+mode.clause("a, t"), key.Subject, key.Route, key.Region, g)
 	br := t.tx.SendBatch(ctx, b)
 	found := map[string]int64{}

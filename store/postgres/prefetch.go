@@ -111,11 +111,7 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 	heads := make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
 	currents := make(map[ledger.PolicyKey]*uint64, len(keys))
 	if len(keys) > 0 {
-		owing, err := t.owingLookup(ctx, owingSubjects)
-		if err != nil {
-			return err
-		}
-		if err := t.prefetchCurrents(ctx, keys, heads, currents, owing); err != nil {
+		if err := t.prefetchCurrents(ctx, keys, heads, currents, t.owingLookup(owingSubjects)); err != nil {
 			return err
 		}
 	} else if err := t.lockOwing(ctx, owingSubjects); err != nil {
