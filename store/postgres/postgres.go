@@ -5,7 +5,8 @@
 // primary key or unique constraint.
 //
 // Locks on exclusively locked rows (meta counters, shards, reservations,
-// accounts) are taken in one fixed order: a transaction waits for a row
+// subjects' owing sets, accounts) are taken in one fixed order (rank in
+// tx.go; a subject's owing-set rows before any of its accounts): a transaction waits for a row
 // that sorts after every row it already holds as long as lock_timeout
 // allows, and for an earlier row only briefly (outOfOrderLockTimeout,
 // 20ms), giving up with store.ErrConflict when the holder has not

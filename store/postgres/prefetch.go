@@ -97,12 +97,25 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 	if len(keys)+len(extra) < 2 {
 		return nil
 	}
+	// The owing sets of every subject whose accounts are locked below,
+	// before them (rankOwing), in the round trip of the heads and
+	// currents; and with those accounts, the accounts a set names and,
+	// for a subject whose head was read, the deciding generation's
+	// account: a command of a subject that owes reads them all (ledger's
+	// settleOwing), which after the accounts below were locked out of
+	// order.
+	owingSubjects := slices.Clone(keys)
+	for _, k := range extra {
+		owingSubjects = append(owingSubjects, k.SubjectKey())
+	}
 	heads := make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
 	currents := make(map[ledger.PolicyKey]*uint64, len(keys))
 	if len(keys) > 0 {
-		if err := t.prefetchCurrents(ctx, keys, heads, currents); err != nil {
+		if err := t.prefetchCurrents(ctx, keys, heads, currents, t.owingLookup(owingSubjects)); err != nil {
 			return err
 		}
+	} else if err := t.lockOwing(ctx, owingSubjects); err != nil {
+		return err
 	}
 
 	wanted := extra
@@ -110,7 +123,17 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 		if g := currents[k]; g != nil {
 			wanted = append(wanted, ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: *g})
 		}
+		if h := heads[k]; h != nil && h.Active != 0 && t.owing.owes(k) {
+			wanted = append(wanted, ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: h.Active})
+		}
 	}
+	for _, k := range owingSubjects {
+		wanted = t.owing.accounts(wanted, k)
+	}
+	wanted = slices.DeleteFunc(wanted, func(k ledger.AccountKey) bool {
+		_, ok := p.accounts[k]
+		return ok
+	})
 	slices.SortFunc(wanted, func(x, y ledger.AccountKey) int { return compareRowKeys(accountRow(x), accountRow(y)) })
 	wanted = slices.Compact(wanted)
 	accounts := make(map[ledger.AccountKey]*prefetchedAccount, len(wanted))
@@ -161,9 +184,11 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 }
 
 // prefetchCurrents reads the policy heads and current generations of keys
-// (sorted), share-locked, in one round trip, into heads and currents.
+// (sorted), share-locked, in one round trip, into heads and currents, and
+// in the same round trip the owing sets of owing (when not nil), which it
+// records (owingRead).
 func (t *tx) prefetchCurrents(ctx context.Context, keys []ledger.PolicyKey,
-	heads map[ledger.PolicyKey]*ledger.PolicyHead, currents map[ledger.PolicyKey]*uint64) error {
+	heads map[ledger.PolicyKey]*ledger.PolicyHead, currents map[ledger.PolicyKey]*uint64, owing *owingSetsLookup) error {
 	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
@@ -171,6 +196,9 @@ func (t *tx) prefetchCurrents(ctx context.Context, keys []ledger.PolicyKey,
 	b := t.lookupBatch()
 	b.Queue(prefetchHeadsSQL, subj, route, region)
 	b.Queue(prefetchCurrentsSQL, subj, route, region)
+	if owing != nil {
+		b.Queue(owing.sql, owing.args...)
+	}
 	br, err := b.send(ctx, t.tx)
 	if err != nil {
 		return t.s.c.classify("accounts prefetch", err, false)
@@ -194,11 +222,22 @@ func (t *tx) prefetchCurrents(ctx context.Context, keys []ledger.PolicyKey,
 			return nil
 		})
 	}
+	found := map[string]int64{}
+	if err == nil && owing != nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = scanOwing(rows, found)
+			rows.Close()
+		}
+	}
 	if closeErr := br.Close(); err == nil {
 		err = closeErr
 	}
 	if err != nil {
 		return t.s.c.classify("accounts prefetch", err, false)
+	}
+	if owing != nil {
+		t.owingRead(owing.bases, found)
 	}
 	return nil
 }

@@ -159,6 +159,11 @@ func scanAccounts(rows pgx.Rows) ([]ledger.Account, []int, error) {
 }
 
 // accountGet returns the account and how many dimension rows it has.
+// accountByKeySQL reads one account with its terms (its lock clause
+// appended).
+const accountByKeySQL = accountSelect + ` WHERE a.subject = $1 AND a.route = $2 AND a.region = $3
+		AND a.generation = $4 ORDER BY t.dim`
+
 func (s *Store) accountGet(ctx context.Context, q querier, key ledger.AccountKey, lock lockMode) (*ledger.Account, int, error) {
 	var conv codec.Conv
 	g := conv.Int(key.Generation)
@@ -168,8 +173,7 @@ func (s *Store) accountGet(ctx context.Context, q querier, key ledger.AccountKey
 	// Locking both tables matters under READ COMMITTED: when the lock had to
 	// wait for another writer, PostgreSQL re-reads only the locked rows, so
 	// an unlocked joined term row could be the stale version.
-	rows, err := q.Query(ctx, accountSelect+` WHERE a.subject = $1 AND a.route = $2 AND a.region = $3
-		AND a.generation = $4 ORDER BY t.dim`+lock.clause("a, t"), key.Subject, key.Route, key.Region, g)
+	rows, err := q.Query(ctx, accountByKeySQL+lock.clause("a, t"), key.Subject, key.Route, key.Region, g)
 	if err != nil {
 		return nil, 0, s.c.classify("account "+key.String(), err, false)
 	}

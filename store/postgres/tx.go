@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,10 +39,21 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 
 // Lock ranks: the first field of the fixed lock order. Within a rank, rows
 // are ordered by key.
+//
+// A subject's owing-set Meta rows (ledger.MetaOwingPrefix) rank of their
+// own, right before the accounts: a command reads them only after it
+// found an account of the subject owing, so ranked with the other meta
+// rows they were always locked out of order, and with them, the owing
+// accounts the set names. Every transaction locks a subject's owing rows
+// before the first account of the subject it locks (AccountsPrefetch,
+// AccountGet): for a subject that owes they are the gate its accounts are
+// locked behind, and the owing accounts a command of the subject then
+// locks, in any order, are held by no other transaction.
 const (
 	rankMeta uint8 = iota
 	rankShard
 	rankReservation
+	rankOwing
 	rankAccount
 )
 
@@ -65,6 +77,15 @@ const (
 	tagHead
 	tagCurrent
 )
+
+// metaRow is the row of the named Meta counter: rankOwing for an owing-set
+// row, else rankMeta.
+func metaRow(name string) rowKey {
+	if strings.HasPrefix(name, ledger.MetaOwingPrefix) {
+		return rowKey{rank: rankOwing, a: name}
+	}
+	return rowKey{rank: rankMeta, a: name}
+}
 
 func accountRow(k ledger.AccountKey) rowKey {
 	return rowKey{rank: rankAccount, a: k.Subject, b: k.Route, c: k.Region, generation: k.Generation}
@@ -108,6 +129,8 @@ type tx struct {
 	subjects subjectsPrefetch
 	// tombs holds the tombstones prefetched with them (retention.go).
 	tombs map[string]*ledger.Tombstone
+	// owing holds the owing-set rows locked so far (owing.go).
+	owing owingLocked
 	done  bool
 }
 
@@ -161,8 +184,16 @@ func (t *tx) result(k rowKey, err error) error {
 }
 
 // MetaGet returns a named counter, locked; ErrNotFound when never set.
+// An owing-set row of a subject whose set was locked (lockOwing) is
+// answered from what that read, without a query.
 func (t *tx) MetaGet(ctx context.Context, name string) (int64, error) {
-	k := rowKey{rank: rankMeta, a: name}
+	k := metaRow(name)
+	if value, found, ok := t.owing.get(name); ok {
+		if !found {
+			return 0, t.result(k, notFound("meta "+name))
+		}
+		return value, nil
+	}
 	mode, err := t.lockMode(ctx, k)
 	if err != nil {
 		return 0, err
@@ -230,7 +261,8 @@ func (t *tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Acc
 	if err != nil {
 		return nil, err
 	}
-	a, rows, err := t.s.accountGet(ctx, t.tx, key, mode)
+	// With the subject's owing set first, in lock order (rankOwing).
+	a, rows, err := t.accountAndOwing(ctx, key, mode)
 	if err == nil {
 		t.termRows[key] = rows
 	}

@@ -238,11 +238,13 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 func (t *tx) written(c *store.Changes) {
 	t.prefetched = nil
 	t.forgetPrefetch()
-	for name := range c.Meta {
-		delete(t.absent, rowKey{rank: rankMeta, a: name})
+	for name, value := range c.Meta {
+		delete(t.absent, metaRow(name))
+		t.owing.written(name, value, true)
 	}
 	for _, name := range c.MetaRemoved {
-		t.absent[rowKey{rank: rankMeta, a: name}] = true
+		t.absent[metaRow(name)] = true
+		t.owing.written(name, 0, false)
 	}
 	for _, id := range c.RemovedShards {
 		t.absent[rowKey{rank: rankShard, a: id}] = true
@@ -293,7 +295,7 @@ func (t *tx) writeMeta(w *batchWriter, meta map[string]int64) {
 	var insV, upsV []int64
 	for _, name := range slices.Sorted(maps.Keys(meta)) {
 		value := meta[name]
-		if t.absent[rowKey{rank: rankMeta, a: name}] {
+		if t.absent[metaRow(name)] {
 			insNames, insV = append(insNames, name), append(insV, value)
 		} else {
 			upsNames, upsV = append(upsNames, name), append(upsV, value)
