@@ -37,6 +37,10 @@ type Config struct {
 	AuditEvery int
 	// LastEvents is how many events a violation report shows.
 	LastEvents int
+	// TwoUnits draws the shapes as before the third unit (1 or 2
+	// capacity dimensions, not 1-3): the interleavings of seeds found
+	// then, which tests pin, draw exactly what they drew. No flag sets it.
+	TwoUnits bool
 	// Only, when not empty, enables exactly these sites in every
 	// interleaving (each at a rate its seed draws).
 	Only []Site
@@ -90,6 +94,14 @@ func DefaultConfig() Config {
 }
 
 // Validate returns nil, or an error naming the first bad field.
+// maxDims is how many capacity dimensions a shape may draw.
+func (c *Config) maxDims() int {
+	if c.TwoUnits {
+		return 2
+	}
+	return 3
+}
+
 func (c *Config) Validate() error {
 	switch {
 	case c.Gateways < 2:

@@ -172,13 +172,19 @@ func (w *world) drawActual(r *request) {
 		case d > 0 && over && r.viaShard != 0:
 			// Through a shard the overuse is 1-2 (2-3x the hold of 1),
 			// so that one request can pass the shard's allocation of 2:
-			// debt beyond the shard in the second unit, which a
+			// debt beyond the shard in a unit after tokens, which a
 			// generation dropping that unit may decide when the shard
 			// is reconciled (ledger.remintShard charges it to the
 			// shard's own account then).
 			r.actual[d] = r.units[d] + w.between(1, 2)
+		case d > 0 && w.shape.dims > 2 && (over || w.chance(0.25)):
+			// With three units, 1-3 more, also without the site a
+			// quarter of the time: accounts stepping down the units
+			// owe in them often, so that two owe in different dropped
+			// units at once.
+			r.actual[d] = r.units[d] + w.between(1, 3)
 		case d > 0 && over:
-			// A retried call counts twice: the second unit owes debt
+			// A retried call counts twice: the unit owes debt
 			// too, so a generation may drop a unit the subject owes in.
 			r.actual[d] = r.units[d] + w.between(0, 1)
 		case d > 0:

@@ -343,8 +343,8 @@ func (w *world) reserveAnswer(r *request, res *ledger.Result) {
 	case errors.Is(res.Err, ledger.ErrNoPolicy):
 		w.resolveUnknown(r)
 		w.done(r, outNoPolicy)
-	case errors.Is(res.Err, ledger.ErrInvalidCommand) && r.units[1] != 0 && w.withoutSecondUnit(res.Generation):
-		// A generation that dropped the second unit was published after
+	case errors.Is(res.Err, ledger.ErrInvalidCommand) && w.dropsUnitsOf(res.Generation, &r.units):
+		// A generation that dropped a unit r holds was published after
 		// the gateway shaped the request: it refuses the unit, and the
 		// gateway gives the request up (a client would build a new one).
 		// The answer names that generation: by the time a delayed answer

@@ -18,6 +18,11 @@ type operator struct {
 	policies      []ledger.Policy
 	policiesStale bool
 	published     int
+	// stepping is a key whose generations step down a unit at a time:
+	// the first chaos tick at or after stepAt publishes its next step
+	// (nextPolicy), without a firing of cross_generation.
+	stepping *ledger.PolicyKey
+	stepAt   int64
 }
 
 // fairnessBudgets are the fairness budgets the simulated policies draw (0
@@ -42,6 +47,10 @@ func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
 		dims = append(dims, ledger.Dimension{Unit: "requests", Burst: w.between(3, 12), RefillUnits: 1,
 			RefillInterval: 2 * time.Second})
 	}
+	if w.shape.dims > 2 {
+		dims = append(dims, ledger.Dimension{Unit: "images", Burst: w.between(1, 3), RefillUnits: 1,
+			RefillInterval: 3 * time.Second})
+	}
 	p := ledger.Policy{
 		Key:             key,
 		Dimensions:      dims,
@@ -57,8 +66,9 @@ func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
 }
 
 // nextPolicy derives a new generation from the key's first one: other
-// burst, refill, overdraft and hold TTL, the same units and limits.
-func (w *world) nextPolicy(key ledger.PolicyKey) *ledger.Policy {
+// burst, refill, overdraft and hold TTL, the same limits, and the same
+// units or the first ones of them: the first k when k > 0, else drawn.
+func (w *world) nextPolicy(key ledger.PolicyKey, k int) *ledger.Policy {
 	base := w.op.base[key]
 	p := *base
 	p.Dimensions = append([]ledger.Dimension(nil), base.Dimensions...)
@@ -66,21 +76,64 @@ func (w *world) nextPolicy(key ledger.PolicyKey) *ledger.Policy {
 	p.Dimensions[0].MaxReservation = p.Dimensions[0].Burst
 	p.Dimensions[0].RefillUnits = w.between(10, 80)
 	p.Dimensions[0].MaxOverdraft = w.between(0, 1500)
-	if len(p.Dimensions) > 1 && w.chance(0.5) {
-		// Drop the second unit (the next generation that keeps it adds
-		// it back): debt the subject owes in it must keep freezing its
-		// admission until it is repaid (cross-generation behaviour).
-		p.Dimensions = p.Dimensions[:1]
-	} else if len(p.Dimensions) > 1 {
-		// Keep it, with a burst as small as 1: overuse then owes in it
-		// often, so a later generation may drop a unit with debt.
-		p.Dimensions[1].Burst = w.between(1, 12)
-		p.Dimensions[1].MaxReservation = p.Dimensions[1].Burst
+	if n := len(p.Dimensions); n > 1 {
+		// Keep the first k units, k drawn from 1..n: a generation drops
+		// the units after them (the next generation that keeps one adds
+		// it back), and debt the subject owes in a dropped unit must keep
+		// freezing its admission until it is repaid (cross-generation
+		// behaviour). With three units, generations limiting (tokens,
+		// requests, images), (tokens, requests) and (tokens) let two
+		// accounts of a subject owe in different dropped units at once:
+		// images on one, requests on another, under a generation that
+		// limits neither.
+		switch {
+		case k > 0:
+		case n == 2:
+			k = 2
+			if w.chance(0.5) {
+				k = 1
+			}
+		case w.chance(0.5):
+			// One unit fewer than the generation deciding now, and the
+			// next step 8-20 s later (act), so that generations
+			// step down (tokens, requests, images), (tokens, requests),
+			// (tokens) while work reserved under each runs.
+			k = max(1, w.deciding(key)-1)
+			if k > 1 {
+				w.op.stepping, w.op.stepAt = &key, w.now+w.between(int64(8*time.Second), int64(20*time.Second))
+			}
+		default:
+			k = 1 + w.rng.IntN(n)
+		}
+		k = min(k, n)
+		p.Dimensions = p.Dimensions[:k]
+		// The units kept get a burst as small as 1: overuse then owes in
+		// them often, so a later generation may drop a unit with debt.
+		for d := 1; d < k; d++ {
+			p.Dimensions[d].Burst = w.between(1, 12)
+			if n > 2 {
+				p.Dimensions[d].Burst = w.between(1, 3)
+				p.Dimensions[d].RefillInterval = time.Duration(w.between(2, 15)) * time.Second
+			}
+			p.Dimensions[d].MaxReservation = p.Dimensions[d].Burst
+		}
 	}
 	w.op.published++
 	p.EstimatorDigest = "estimator-v" + strconv.Itoa(1+w.op.published)
 	p.HoldTTL = w.holdTTL()
 	return &p
+}
+
+// deciding returns how many units the generation deciding for key (the
+// newest live one published) limits: the first generation's when none is.
+func (w *world) deciding(key ledger.PolicyKey) int {
+	w.op.refresh(w)
+	if g, ok := ledger.NewActiveGenerations(w.op.policies).Active(key); ok {
+		if p := w.op.policy(g); p != nil {
+			return len(p.Dimensions)
+		}
+	}
+	return len(w.op.base[key].Dimensions)
 }
 
 // holdTTL draws a policy's hold TTL: 4-30 s, or 90-150 s in an
@@ -120,8 +173,8 @@ func (o *operator) activeGeneration(subject ledger.PolicyKey) uint64 {
 
 // activeDims is how many dimensions the generation deciding for tenant
 // has, as the operator's cache knows it: a gateway shapes a request's
-// units by it when it first sends it (a generation dropping the second
-// unit refuses units in it as an invalid command).
+// units by it when it first sends it (a generation dropping a unit
+// refuses units in it as an invalid command).
 func (w *world) activeDims(tenant int) int {
 	w.op.refresh(w)
 	t := &w.tenants[tenant]
@@ -131,15 +184,24 @@ func (w *world) activeDims(tenant int) int {
 	return len(w.op.base[t.key].Dimensions)
 }
 
-// withoutSecondUnit reports whether generation gen (as an answer names
-// it) is published and limits one unit only.
-func (w *world) withoutSecondUnit(gen uint64) bool {
+// dropsUnitsOf reports whether generation gen (as an answer names it) is
+// published and does not limit a unit units holds some of (it limits the
+// first units of the key's first generation only).
+func (w *world) dropsUnitsOf(gen uint64, units *ledger.Amounts) bool {
 	if gen == 0 {
 		return false
 	}
 	w.op.refresh(w)
 	p := w.op.policy(gen)
-	return p != nil && len(p.Dimensions) < 2
+	if p == nil {
+		return false
+	}
+	for d := len(p.Dimensions); d < len(units); d++ {
+		if units[d] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // shapeUnits zeroes the units of r in the dimensions the deciding
@@ -183,18 +245,32 @@ func (o *operator) liveCount(key ledger.PolicyKey) int {
 // be admitted and drained into).
 func (o *operator) act(w *world) {
 	o.refresh(w)
+	if o.stepping != nil && w.now >= o.stepAt {
+		// The next step down of a key's units (nextPolicy).
+		key := *o.stepping
+		o.stepping = nil
+		if k := w.deciding(key) - 1; k >= 1 {
+			o.publish(w, w.nextPolicy(key, k))
+		}
+		return
+	}
 	key := o.keys[w.rng.IntN(len(o.keys))]
 	if o.liveCount(key) >= 2 && w.chance(0.4) {
 		g, _ := ledger.NewActiveGenerations(o.policies).Active(key)
 		w.log(recRollback, ledgerNodeID, ledger.KindRollbackPolicy, key.String(), int64(g), "")
 		w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRollbackPolicy,
 			PolicyKey: key, Generation: g}, from: fromOperator})
+		w.scheduleBatch()
 	} else {
-		p := w.nextPolicy(key)
-		w.log(recPublish, ledgerNodeID, ledger.KindPublishPolicy, key.String(), p.Dimensions[0].Burst, p.EstimatorDigest)
-		w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p},
-			from: fromOperator})
+		o.publish(w, w.nextPolicy(key, 0))
 	}
+}
+
+// publish sends the publication of p.
+func (o *operator) publish(w *world, p *ledger.Policy) {
+	w.log(recPublish, ledgerNodeID, ledger.KindPublishPolicy, p.Key.String(), p.Dimensions[0].Burst, p.EstimatorDigest)
+	w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p},
+		from: fromOperator})
 	w.scheduleBatch()
 }
 
@@ -229,7 +305,9 @@ func (w *world) chaosTick() {
 	if w.f.fire(SiteExecutorCrash) {
 		w.crashExecutor(w.rng.IntN(w.shape.executors))
 	}
-	if w.ledger.up && w.f.fire(SiteCrossGeneration) {
+	if w.ledger.up && w.op.stepping != nil && w.now >= w.op.stepAt {
+		w.op.act(w) // the next step down, not a new firing of the site
+	} else if w.ledger.up && w.f.fire(SiteCrossGeneration) {
 		w.op.act(w)
 	}
 	w.shardChaos()

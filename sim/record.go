@@ -64,7 +64,7 @@ func (w *world) arriveRecord(r *request) {
 	w.log(recArrive, w.gatewayNode(r.gw), ledger.KindRecord, r.id, int64(r.tenant), "record: no reservation")
 	r.phase = phWorking
 	r.opID = "op-" + r.id
-	// Records count tokens only: the second unit may be dropped by the
+	// Records count tokens only: the other units may be dropped by the
 	// generation deciding when the usage is recorded.
 	for d := 1; d < len(r.units); d++ {
 		r.units[d] = 0

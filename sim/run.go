@@ -212,7 +212,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 		gateways:  2 + rng.IntN(cfg.Gateways-1),
 		executors: 1 + rng.IntN(cfg.Executors),
 		tenants:   1 + rng.IntN(cfg.Tenants),
-		dims:      1 + rng.IntN(2),
+		dims:      1 + rng.IntN(cfg.maxDims()),
 		requests:  max(1, cfg.Requests/2) + rng.IntN(cfg.Requests-max(1, cfg.Requests/2)+1),
 	}
 	w.f = newFaults(rng, cfg.Only, cfg.RecordShare > 0)

@@ -344,8 +344,9 @@ func (w *world) issueAnswer(sh *simShard, res *ledger.Result) {
 	switch {
 	case res.Err == nil:
 	case res.Rejected(), errors.Is(res.Err, ledger.ErrEmergencyDisabled), errors.Is(res.Err, ledger.ErrNoPolicy),
-		// A generation dropping the second unit, published since the
-		// shard was drawn, refuses its units in it.
+		// A generation dropping a unit after tokens, published since the
+		// shard was drawn, refuses its units in it (a shard holds 2 of
+		// each unit after tokens that it holds any of).
 		errors.Is(res.Err, ledger.ErrInvalidCommand) && res.Generation != 0 && sh.units[1] != 0:
 		// Nothing was issued by this attempt; a late copy still might be,
 		// so the shard is closed later by an empty reconciliation.
