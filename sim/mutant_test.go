@@ -29,7 +29,7 @@ func TestMutants(t *testing.T) {
 		{"shard_retained_drops_spent", GateShardConservation},
 		{"shard_removed_early", GateRetention},
 		{"dropped_debt_forgotten", GateAdmissionWhileDebt},
-		{"dropped_debt_second_untracked", GateAdmissionWhileDebt},
+		{"dropped_debt_second_untracked", GateLiveness},
 		{"shard_dropped_debt_skipped", GateShardConservation},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
