@@ -190,7 +190,9 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // under its own policy ap. A unit p does not limit refills only to repay
 // debt: available capacity in it would stay behind at the switch, where
 // nothing admits it. When ap was rolled back (a rolled-back generation
-// mints no capacity) every unit refills only to repay debt.
+// mints no capacity) every unit refills only to repay debt, and a unit p
+// limits not at all while p's account exists: p's account refills it
+// then (settleOwing), and this debt moves there at the switch.
 //
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
@@ -211,9 +213,28 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 			repayOnly |= 1 << i
 		}
 	}
+	// A rolled-back current account does not refill a unit p limits
+	// while p's account exists: p's account refills it fully then
+	// (settleOwing: the current account refills only to repay), and the
+	// debt here moves there at the switch, where its refill repays it.
+	// Both refilling would repay this debt beside p's refill, minting
+	// the subject's capacity twice for the same time.
+	var skip uint8
+	if ap.RolledBack && a.Key.Generation != p.Generation {
+		key := a.Key
+		key.Generation = p.Generation
+		if _, ok := b.Account(key); ok {
+			skip = limitedBy(a, ap, p)
+		}
+	}
 	held := heldByDeciding(b, a, ap, p)
-	if before, minted := refillUpTo(a, ap, now, repayOnly, 0, &held); minted {
+	if before, minted := refillUpTo(a, ap, now, repayOnly, skip, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
+	}
+	for i := 0; i < a.Dims; i++ {
+		if skip&(1<<i) != 0 {
+			a.RefilledTo[i] = max(a.RefilledTo[i], now.UnixNano())
+		}
 	}
 }
 
