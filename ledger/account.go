@@ -231,11 +231,6 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 	if before, minted := refillUpTo(a, ap, now, repayOnly, skip, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
-	for i := 0; i < a.Dims; i++ {
-		if skip&(1<<i) != 0 {
-			a.RefilledTo[i] = max(a.RefilledTo[i], now.UnixNano())
-		}
-	}
 }
 
 // heldByDeciding returns, per dimension of a (under its policy ap), what
@@ -300,7 +295,7 @@ func makeCurrent(b Book, a *Account, now time.Time) {
 		key := a.Key
 		key.Generation = g
 		if r, found := b.Account(key); found {
-			moveBetween(b, r, a, MoveForward, "owing:"+r.Key.String()+":"+strconv.FormatUint(r.Version, 10), now)
+			owingMove(b, r, a, now)
 		}
 	}
 	b.AccountCurrentPut(subject, a.Key.Generation)
@@ -579,14 +574,19 @@ func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bo
 
 // refillUpTo is refillDue, except that in a dimension whose bit is set in
 // repayOnly it mints only what repays debt, never available capacity,
-// and a dimension whose bit is set in skip does not refill (its cursor
-// stays); held, when not nil, is capacity another account holds for the
+// and a dimension whose bit is set in skip does not refill: its cursor
+// moves to now (another account refilled the subject's capacity there
+// for the time, so this one owes nothing for it later); held, when not nil, is capacity another account holds for the
 // subject in each dimension, which the burst's room leaves out.
 func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, held *Amounts) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
-		if !d.Refills() || skip&(1<<i) != 0 {
+		if skip&(1<<i) != 0 {
+			a.RefilledTo[i] = max(a.RefilledTo[i], nowNanos)
+			continue
+		}
+		if !d.Refills() {
 			continue
 		}
 		interval := int64(d.RefillInterval)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -244,16 +245,12 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				// A unit the current account does not refill is the
 				// subject's capacity only here: it refills fully.
 				rollEpoch(b, m, p, now)
+				// The current account refilled the skipped units up
+				// to now (their cursors move to now): if a later
+				// current one does not limit them, this account
+				// repays them from now on.
 				if before, minted := refillUpTo(m, p, now, 0, skip, nil); minted {
 					journal(b, m, &before, KindRefill, "", 0, 0, "", now)
-				}
-				// The current account refilled the skipped units
-				// up to now: if a later current one does not limit
-				// them, this account repays them from now on.
-				for i := 0; i < m.Dims; i++ {
-					if skip&(1<<i) != 0 {
-						m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
-					}
 				}
 			}
 		case g == current:
@@ -276,11 +273,6 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				}
 			}
 			repayOnly(b, m, mp, now, skip)
-			for i := 0; i < m.Dims; i++ {
-				if skip&(1<<i) != 0 {
-					m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
-				}
-			}
 		}
 		b.AccountPut(m)
 		if _, debt := m.Debt(); debt == 0 {
@@ -364,7 +356,7 @@ func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.
 			kept = append(kept, g)
 			continue
 		}
-		moveBetween(b, m, pa, MoveForward, "owing:"+m.Key.String()+":"+strconv.FormatUint(m.Version, 10), now)
+		owingMove(b, m, pa, now)
 		if owes(m) || holdsFor(m, mp, p) {
 			kept = append(kept, g)
 		}
@@ -405,7 +397,8 @@ func holdsFor(a *Account, ap, p *Policy) bool {
 // repayOnly brings a, an owing account that does not hold its subject's
 // capacity, to now under its own policy ap: its epoch closes, and each
 // dimension not in skip refills only to repay debt (the current account
-// refills the subject's capacity); a dimension in skip does not refill.
+// refills the subject's capacity); a dimension in skip does not refill
+// (its cursor moves to now, refillUpTo).
 func repayOnly(b Book, a *Account, ap *Policy, now time.Time, skip uint8) {
 	rollEpoch(b, a, ap, now)
 	if before, minted := refillUpTo(a, ap, now, 0xff, skip, nil); minted {
@@ -443,7 +436,7 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 		}
 		key.Generation = g
 		if m, ok := b.Account(key); ok {
-			moveBetween(b, m, to, MoveForward, "owing:"+m.Key.String()+":"+strconv.FormatUint(m.Version, 10), now)
+			owingMove(b, m, to, now)
 		}
 	}
 	owingPut(b, subject, rest, nil)
@@ -541,11 +534,34 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 // rolled back (it then refills only to repay).
 func refillsFor(cp *Policy) bool { return !cp.RolledBack }
 
+// owingMove moves from's debt and available capacity to to (moveBetween)
+// as a change of the account holding a frozen subject's capacity does:
+// receipt "owing:<from>:<from's version>", unique since the version only
+// grows.
+func owingMove(b Book, from, to *Account, now time.Time) {
+	moveBetween(b, from, to, MoveForward, "owing:"+from.Key.String()+":"+strconv.FormatUint(from.Version, 10), now)
+}
+
 // OwingMetaName is the Meta name of the subject's owing-set size; each
 // member's row is named by it, "/" and the member's index. A reader
 // outside a command (a view, BringToNowAsShown) reads the row of that
 // name and the rows named under it: no other subject's row is either.
 func OwingMetaName(subject PolicyKey) string { return metaOwing(subject) }
+
+// OwingSetOf returns the name of the owing set (OwingMetaName of some
+// subject) that the Meta row name is or is a member row of; ok is false
+// when name is no owing-set row. Each part of a set's name is escaped (no
+// "/" inside), so the set's name is the first four parts.
+func OwingSetOf(name string) (set string, ok bool) {
+	if !strings.HasPrefix(name, MetaOwingPrefix) {
+		return "", false
+	}
+	parts := strings.SplitN(name, "/", 5)
+	if len(parts) < 4 {
+		return "", false
+	}
+	return strings.Join(parts[:4], "/"), true
+}
 
 // BringToNowAsShown brings the subject's accounts in b, a scratch book
 // holding them (keys, all of the subject's generations), their

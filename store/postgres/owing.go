@@ -20,25 +20,10 @@ type owingLocked struct {
 	rows  map[string]int64
 }
 
-// owingBase returns the name of the owing set (ledger.OwingMetaName) that
-// name is or is under; ok is false when name is not an owing-set row.
-// Each part of the set's name is escaped (no "/" inside), so the set's
-// name is the first four parts.
-func owingBase(name string) (base string, ok bool) {
-	if !strings.HasPrefix(name, ledger.MetaOwingPrefix) {
-		return "", false
-	}
-	parts := strings.SplitN(name, "/", 5)
-	if len(parts) < 4 {
-		return "", false
-	}
-	return strings.Join(parts[:4], "/"), true
-}
-
 // get answers an owing-set row of a set already locked: its value and
 // whether it is stored; ok is false when name is not such a row.
 func (o *owingLocked) get(name string) (value int64, found, ok bool) {
-	base, isOwing := owingBase(name)
+	base, isOwing := ledger.OwingSetOf(name)
 	if !isOwing || !o.bases[base] {
 		return 0, false, false
 	}
@@ -49,7 +34,7 @@ func (o *owingLocked) get(name string) (value int64, found, ok bool) {
 // written records that the transaction stored (or, stored false,
 // removed) the named row.
 func (o *owingLocked) written(name string, value int64, stored bool) {
-	if base, ok := owingBase(name); !ok || !o.bases[base] {
+	if base, ok := ledger.OwingSetOf(name); !ok || !o.bases[base] {
 		return
 	}
 	if stored {
