@@ -3,9 +3,13 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
+	neturl "net/url"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -92,5 +96,121 @@ func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
 			m, _, lease := state(p)
 			return len(m) == 0 && !lease
 		})
+	}
+}
+
+// hangingProxy forwards TCP to target until hang(); from then on it
+// passes no byte either way and answers no new connection, leaving every
+// connection open: a network that drops a database's packets (a hung
+// primary, a partition without resets), where calls wait rather than
+// fail.
+type hangingProxy struct {
+	addr string
+	hung chan struct{}
+	once sync.Once
+}
+
+func newHangingProxy(t *testing.T, target string) *hangingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &hangingProxy{addr: ln.Addr().String(), hung: make(chan struct{})}
+	var mu sync.Mutex
+	var conns []net.Conn
+	keep := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			keep(client)
+			select {
+			case <-p.hung:
+				continue
+			default:
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			keep(server)
+			go p.pipe(server, client)
+			go p.pipe(client, server)
+		}
+	}()
+	return p
+}
+
+// pipe copies src to dst until hang, then drops what src sends.
+func (p *hangingProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-p.hung:
+		default:
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *hangingProxy) hang() { p.once.Do(func() { close(p.hung) }) }
+
+// TestServeStopsAfterSIGTERMWhileItsStoreHangs: README.md and
+// docs/OPERATIONS.md (On call) say a replica is always safe to restart
+// with SIGTERM, which waits for in-flight requests up to 30 s. With its
+// PostgreSQL hung (packets dropped, connections open) and a call in
+// flight that carried no deadline, serve logged the 30 s shutdown
+// deadline and then never exited: closing the store waited for that
+// call's connection, which nothing ever ends, so only a SIGKILL stopped
+// it.
+func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
+	u, err := neturl.Parse(postgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newHangingProxy(t, u.Host)
+	u.Host = proxy.addr
+	bin := buildBinary(t)
+	srv := startServer(t, bin, t.TempDir(), "--store", u.String())
+	if resp, err := http.Get(srv.url + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz before the hang: %v %v", resp, err)
+	}
+	proxy.hang()
+	go post(&http.Client{}, srv.url, "Reserve", `{"reservationId":"hang-1","subject":"s","route":"r","units":{"tokens":1}}`)
+	time.Sleep(500 * time.Millisecond) // let the call reach the store
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- srv.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("serve after SIGTERM: %v (want exit 0)\n%s", err, srv.logs.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("serve still running 3 minutes after SIGTERM while its store hangs:\n%s", srv.logs.String())
 	}
 }
