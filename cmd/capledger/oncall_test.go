@@ -207,8 +207,8 @@ func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
 	go func() { exited <- srv.cmd.Wait() }()
 	select {
 	case err := <-exited:
-		if err != nil {
-			t.Errorf("serve after SIGTERM: %v (want exit 0)\n%s", err, srv.logs.String())
+		if err != nil || !strings.Contains(srv.logs.String(), "stopped without closing the store") {
+			t.Errorf("serve after SIGTERM: %v (want exit 0, logging \"stopped without closing the store\")\n%s", err, srv.logs.String())
 		}
 	case <-time.After(3 * time.Minute):
 		t.Fatalf("serve still running 3 minutes after SIGTERM while its store hangs:\n%s", srv.logs.String())
