@@ -3,15 +3,15 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	neturl "net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/faultproxy"
 )
 
 // TestWorkerFailingShowsAStoreOutageOnEveryReplica: docs/OPERATIONS.md,
@@ -99,84 +99,6 @@ func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
 	}
 }
 
-// hangingProxy forwards TCP to target until hang(); from then on it
-// passes no byte either way and answers no new connection, leaving every
-// connection open: a network that drops a database's packets (a hung
-// primary, a partition without resets), where calls wait rather than
-// fail.
-type hangingProxy struct {
-	addr string
-	hung chan struct{}
-	once sync.Once
-}
-
-func newHangingProxy(t *testing.T, target string) *hangingProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &hangingProxy{addr: ln.Addr().String(), hung: make(chan struct{})}
-	var mu sync.Mutex
-	var conns []net.Conn
-	keep := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			keep(client)
-			select {
-			case <-p.hung:
-				continue
-			default:
-			}
-			server, err := net.Dial("tcp", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			keep(server)
-			go p.pipe(server, client)
-			go p.pipe(client, server)
-		}
-	}()
-	return p
-}
-
-// pipe copies src to dst until hang, then drops what src sends.
-func (p *hangingProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		select {
-		case <-p.hung:
-		default:
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *hangingProxy) hang() { p.once.Do(func() { close(p.hung) }) }
-
 // TestServeStopsAfterSIGTERMWhileItsStoreHangs: README.md and
 // docs/OPERATIONS.md (On call) say a replica is always safe to restart
 // with SIGTERM, which waits for in-flight requests up to 30 s. With its
@@ -190,14 +112,24 @@ func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newHangingProxy(t, u.Host)
-	u.Host = proxy.addr
+	// A partition: every byte swallowed, every connection left open.
+	proxy, err := faultproxy.Start(u.Host, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
 	bin := buildBinary(t)
 	srv := startServer(t, bin, t.TempDir(), "--store", u.String())
-	if resp, err := http.Get(srv.url + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("/readyz before the hang: %v %v", resp, err)
+	resp, err := http.Get(srv.url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
 	}
-	proxy.hang()
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz before the hang: %s", resp.Status)
+	}
+	proxy.SetFaults(faultproxy.Faults{Partition: true})
 	go post(&http.Client{}, srv.url, "Reserve", `{"reservationId":"hang-1","subject":"s","route":"r","units":{"tokens":1}}`)
 	time.Sleep(500 * time.Millisecond) // let the call reach the store
 	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
