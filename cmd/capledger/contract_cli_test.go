@@ -220,6 +220,62 @@ func TestContractRolloutHistoryHasNoTrailingSpaces(t *testing.T) {
 	}
 }
 
+// TestContractRolloutHistoryColumnsLineUp: ROLLOUT.md shows `rollout
+// get`'s step table with its AT and NOTE headings over the times and the
+// notes. A step without a note ends with its time (no trailing padding,
+// above), which took the AT column's width from the header: it printed
+// "AT  NOTE", the NOTE heading over the times and the notes 20 columns
+// to its right.
+func TestContractRolloutHistoryColumnsLineUp(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"))
+	policy := writeFile(t, dir, "p.yaml", "subject: \"*\"\nroute: moderate.text\nrollout: shadow\nholdTtl: 60s\n"+
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n")
+	var out string
+	for _, args := range [][]string{
+		{"policy", "publish", policy},
+		{"rollout", "create", "llm", "--routes", "moderate.text", "--by", "route"},
+		{"rollout", "set", "--percent", "1"},
+		{"rollout", "set", "--percent", "50"},
+		{"rollout", "undo"},
+		{"rollout", "get", "llm"},
+	} {
+		var code int
+		out, code = runBinary(t, bin, append(args, "--addr", srv.url)...)
+		if code != exitOK {
+			t.Fatalf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+	header := -1
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	for i, line := range lines {
+		if strings.HasPrefix(line, "STEP ") {
+			header = i
+		}
+	}
+	if header < 0 || header+4 >= len(lines) {
+		t.Fatalf("rollout get: no step table of 4 steps:\n%s", out)
+	}
+	at, note := strings.Index(lines[header], " AT ")+1, strings.Index(lines[header], " NOTE")+1
+	stamp := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`)
+	notes := 0
+	for _, line := range lines[header+1 : header+5] {
+		if loc := stamp.FindStringIndex(line); loc == nil || loc[0] != at {
+			t.Errorf("rollout get: the time of %q is not under AT (column %d):\n%s", line, at, out)
+		}
+		if j := regexp.MustCompile(`(undone by|undoes) step \d+$`).FindStringIndex(line); j != nil {
+			notes++
+			if j[0] != note {
+				t.Errorf("rollout get: the note of %q starts at column %d, not under NOTE (column %d):\n%s", line, j[0], note, out)
+			}
+		}
+	}
+	if notes != 2 {
+		t.Errorf("rollout get: %d step lines with a note; want 2:\n%s", notes, out)
+	}
+}
+
 // TestContractSimBadFlagsAreUsageErrors: docs/SIMULATOR.md's exit codes
 // say bad flags exit 1 and nothing runs. A negative --min-fires (the
 // site gate's minimum; -5 ran with the default gate), an --only naming no

@@ -4,10 +4,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/faultproxy"
 )
 
 // TestWorkerFailingShowsAStoreOutageOnEveryReplica: docs/OPERATIONS.md,
@@ -92,5 +96,53 @@ func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
 			m, _, lease := state(p)
 			return len(m) == 0 && !lease
 		})
+	}
+}
+
+// TestServeStopsAfterSIGTERMWhileItsStoreHangs: README.md and
+// docs/OPERATIONS.md (On call) say a replica is always safe to restart
+// with SIGTERM, which waits for in-flight requests up to 30 s. With its
+// PostgreSQL hung (packets dropped, connections open) and a call in
+// flight that carried no deadline, serve logged the 30 s shutdown
+// deadline and then never exited: closing the store waited for that
+// call's connection, which nothing ever ends, so only a SIGKILL stopped
+// it.
+func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
+	u, err := neturl.Parse(postgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A partition: every byte swallowed, every connection left open.
+	proxy, err := faultproxy.Start(u.Host, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	bin := buildBinary(t)
+	srv := startServer(t, bin, t.TempDir(), "--store", u.String())
+	resp, err := http.Get(srv.url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz before the hang: %s", resp.Status)
+	}
+	proxy.SetFaults(faultproxy.Faults{Partition: true})
+	go post(&http.Client{}, srv.url, "Reserve", `{"reservationId":"hang-1","subject":"s","route":"r","units":{"tokens":1}}`)
+	time.Sleep(500 * time.Millisecond) // let the call reach the store
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- srv.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil || !strings.Contains(srv.logs.String(), "stopped without closing the store") {
+			t.Errorf("serve after SIGTERM: %v (want exit 0, logging \"stopped without closing the store\")\n%s", err, srv.logs.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("serve still running 3 minutes after SIGTERM while its store hangs:\n%s", srv.logs.String())
 	}
 }

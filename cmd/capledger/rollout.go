@@ -373,7 +373,11 @@ func printRollout(w io.Writer, r *v1.Rollout, history bool) {
 		return
 	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tACTION\tSHARE\tWHO\tAT\tNOTE")
+	// A step without a note ends with its time, the last cell of its
+	// line, which tabwriter leaves out of the AT column: so the header
+	// pads AT itself to the times' one width (RFC 3339 in UTC, as below)
+	// plus the column gap, putting NOTE over the notes.
+	fmt.Fprintf(tw, "STEP\tACTION\tSHARE\tWHO\t%-*sNOTE\n", len("2006-01-02T15:04:05Z")+2, "AT")
 	for _, s := range r.GetSteps() {
 		note := ""
 		switch {

@@ -512,18 +512,39 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// Shutdown waits for in-flight handlers, and each handler waits for its
 	// batch to commit, so nothing acknowledged is lost and nothing
 	// committed goes unanswered.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	shutdownCtx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("shutdown", "err", err)
 	}
-	eng.Close()
-	if err := st.Close(); err != nil {
-		log.Warn("close store", "err", err)
+	// Closing waits for the engine's batches and the store's connections.
+	// A store that hangs (packets dropped, connections left open) can hold
+	// them for as long as a call in flight has no deadline: forever. Past
+	// the shutdown's 30 s, and at least closeGrace, serve exits without
+	// them, as a kill would: nothing acknowledged is lost, a call left
+	// unanswered is retried with the same ids.
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		eng.Close()
+		if err := st.Close(); err != nil {
+			log.Warn("close store", "err", err)
+		}
+	}()
+	wait := max(time.Until(deadline), closeGrace)
+	select {
+	case <-closed:
+		log.Info("stopped")
+	case <-time.After(wait):
+		log.Warn("stopped without closing the store: its calls did not end (a store that hangs?); nothing acknowledged is lost, callers retry with the same ids", "waited", wait.Round(time.Millisecond))
 	}
-	log.Info("stopped")
 	return runErr
 }
+
+// closeGrace is the least time serve gives the engine and the store to
+// close after the shutdown of its listeners, however long that took.
+const closeGrace = 10 * time.Second
 
 // replicationCheck checks, for a PostgreSQL store, that the primary cannot
 // lose a commit the ledger acknowledged (see postgres.Replication.Risk),
