@@ -825,7 +825,8 @@ const maxDebtScans = 8
 //
 // The store reads of a call do not grow with f.Limit: per store page, the
 // page itself and one read of the subjects of the rows keep lets through
-// (store.AccountsOfSubjects), and the policies once per call.
+// (store.AccountsWithOwing: their accounts, current pointers and
+// owing-set rows from one snapshot), and the policies once per call.
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
@@ -865,14 +866,13 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		var owing map[ledger.PolicyKey]store.SubjectOwing
 		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
 		if len(subjects) > 0 {
-			accounts, err := e.core.store.AccountsOfSubjects(ctx, subjects)
+			// Every kept subject owed at its last command: its accounts
+			// come with its owing rows, from one snapshot.
+			accounts, read, err := e.core.store.AccountsWithOwing(ctx, subjects)
 			if err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
-			if err := policies.load(ctx, accounts, false); err != nil {
-				return nil, ledger.AccountKey{}, false, err
-			}
-			if owing, err = readOwing(ctx, e.core.store, accounts, policies); err != nil {
+			if owing, err = loadShown(ctx, accounts, read, policies); err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
 			for _, a := range accounts {
@@ -925,10 +925,7 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	// head, else its route's "*" one): a few rows, however many policies
 	// other subjects have.
 	policies := newPolicyReads(e.core.store)
-	if err := policies.load(ctx, accounts, false); err != nil {
-		return nil, err
-	}
-	owing, err := readOwing(ctx, e.core.store, accounts, policies)
+	accounts, owing, err := readOwing(ctx, e.core.store, accounts, policies)
 	if err != nil {
 		return nil, err
 	}
@@ -979,29 +976,29 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 	// The page's generations and the heads deciding for its subjects:
 	// reads in proportion to the page, not every policy.
 	policies := newPolicyReads(e.core.store)
-	if err := policies.load(ctx, page, false); err != nil {
-		return nil, nil, after, false, err
-	}
-	owing, err := readOwing(ctx, e.core.store, page, policies)
+	page, owing, err := readOwing(ctx, e.core.store, page, policies)
 	if err != nil {
 		return nil, nil, after, false, err
+	}
+	if n := len(page); n > 0 && page[n-1].Key.Compare(next) > 0 {
+		next = page[n-1].Key // the last subject read again has one more
 	}
 	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, owing, e.opts.Clock())
 	return shown, policies.deciding, next, more, err
 }
 
-// readOwing reads what showing the subjects of accounts that owe takes
-// beyond their accounts and policies (refilledAsShown): their current
-// pointers and owing-set rows, in one store read
-// (store.Store.OwingOfSubjects), and the policy of the generation
-// deciding for each, read only when no account of it was (policies must
-// have read the subjects' deciding generations: load). A subject none of
-// whose accounts owes costs nothing more: its stored rows say it is not
-// frozen (while frozen its current account owes, ledger/owing.go), so
-// the deciding (else newest) generation's account holds its capacity.
-func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, policies *policyReads) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+// readOwing reads what showing accounts, whole subject keys (every
+// generation of each) grouped by subject, takes beyond the accounts
+// (refilledAsShown): for the subjects that owe, their accounts again with
+// their current pointers and owing-set rows, all from one snapshot in one
+// store read (store.Store.AccountsWithOwing), which replace the accounts
+// read before (a switch or settle committed since is in all of them or in
+// none); then the policies (loadShown). A subject none of whose accounts
+// owes costs no read more: its stored rows say it is not frozen (while
+// frozen its current account owes, ledger/owing.go), so the deciding
+// (else newest) generation's account holds its capacity.
+func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, policies *policyReads) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
 	var subjects []ledger.PolicyKey
-	var generations []uint64
 	asked := map[ledger.PolicyKey]bool{}
 	for i := range accounts {
 		subject := accounts[i].Key.SubjectKey()
@@ -1010,16 +1007,58 @@ func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, p
 		}
 		asked[subject] = true
 		subjects = append(subjects, subject)
-		if g, ok := policies.Deciding(subject); ok {
-			generations = append(generations, g)
-		}
 	}
-	if len(subjects) == 0 {
+	var owing map[ledger.PolicyKey]store.SubjectOwing
+	if len(subjects) > 0 {
+		again, read, err := st.AccountsWithOwing(ctx, subjects)
+		if err != nil {
+			return nil, nil, err
+		}
+		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
+		for _, a := range again {
+			ofSubject[a.Key.SubjectKey()] = append(ofSubject[a.Key.SubjectKey()], a)
+		}
+		spliced := make([]ledger.Account, 0, len(accounts)+len(again))
+		for i := range accounts {
+			subject := accounts[i].Key.SubjectKey()
+			if !asked[subject] {
+				spliced = append(spliced, accounts[i])
+			} else if i == 0 || accounts[i-1].Key.SubjectKey() != subject {
+				spliced = append(spliced, ofSubject[subject]...)
+			}
+		}
+		accounts, owing = spliced, read
+	}
+	owing, err := loadShown(ctx, accounts, owing, policies)
+	return accounts, owing, err
+}
+
+// loadShown reads the policies showing accounts takes (policies.load:
+// their generations' and which generation decides for each subject), and
+// the policy of the generation deciding for each subject of owing (read
+// with accounts, store.Store.AccountsWithOwing) that owes, when no account
+// of it was read. It returns owing without the subjects none of whose
+// accounts owes as read: they are shown refilled as their rows stand.
+func loadShown(ctx context.Context, accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, policies *policyReads) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+	if err := policies.load(ctx, accounts, false); err != nil {
+		return nil, err
+	}
+	if len(owing) == 0 {
 		return nil, nil
 	}
-	owing, err := st.OwingOfSubjects(ctx, subjects)
-	if err != nil {
-		return nil, err
+	owes := map[ledger.PolicyKey]bool{}
+	for i := range accounts {
+		if _, debt := accounts[i].Debt(); debt > 0 {
+			owes[accounts[i].Key.SubjectKey()] = true
+		}
+	}
+	var generations []uint64
+	for subject := range owing {
+		if !owes[subject] {
+			delete(owing, subject)
+		} else if g, ok := policies.Deciding(subject); ok {
+			generations = append(generations, g)
+		}
 	}
 	if err := policies.readPolicies(ctx, generations); err != nil {
 		return nil, err
@@ -1032,7 +1071,8 @@ func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, p
 // their generations (byGeneration, and the deciding one of each subject
 // in owing) and the generation that decides for each subject (deciding,
 // as ledger.DecidingGeneration): what Accounts shows. A subject in owing
-// (its current pointer and owing-set rows as stored, readOwing) is
+// (its current pointer and owing-set rows as stored, read with its
+// accounts: readOwing) is
 // brought to now as its next command finds it, without the switch that
 // command may make (ledger.BringToNowAsShown): while it is frozen its
 // owing accounts repay at their own rates and its current account is

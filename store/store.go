@@ -69,15 +69,22 @@ type Store interface {
 	// query (SQLite: one statement per 128 subjects), so a page of
 	// debtors costs the engine one read, not one AccountList per row.
 	AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error)
-	// OwingOfSubjects returns, by subject key, what a view needs to bring
-	// a subject that owes to now as its next command would
+	// AccountsWithOwing returns the accounts of subjects, as
+	// AccountsOfSubjects returns them, and by subject key what a view
+	// needs to bring a subject that owes to now as its next command would
 	// (ledger.BringToNowAsShown) beyond its accounts: its current pointer
 	// and its owing-set Meta rows (the row named ledger.OwingMetaName and
-	// those named under it with "/"), as committed. A subject with neither
-	// is absent; a key with an empty Subject names none. It reads them in
-	// one query (SQLite: one statement per 128 subjects), so a page of
-	// debtors costs one read more, not one per subject.
-	OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]SubjectOwing, error)
+	// those named under it with "/"). Both come from one snapshot of the
+	// committed rows (SQLite: one read transaction; PostgreSQL: one
+	// REPEATABLE READ, read-only transaction; the in-memory store: one
+	// hold of its lock), so a commit that moves a subject's capacity and
+	// debt from one generation's account to another's, its pointer with
+	// them, or one that joins it to its owing set, is in both or in
+	// neither. In the owing map a subject with neither pointer nor rows
+	// is absent; a key with an empty Subject names none. A view reads
+	// this for the subjects that owe only (their owing rows are a seek
+	// per subject more); the others' accounts say they are not frozen.
+	AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]SubjectOwing, error)
 	// AccountsPage returns up to f.Limit accounts that f's subject, route
 	// and region select, in key order (subject, route, region,
 	// generation; text compared as in AccountList's order of every
@@ -266,7 +273,7 @@ type ReservationsRechecker interface {
 }
 
 // SubjectOwing is a subject's current pointer (HasCurrent false: none
-// stored) and its owing-set Meta rows by name, as Store.OwingOfSubjects
+// stored) and its owing-set Meta rows by name, as Store.AccountsWithOwing
 // reads them.
 type SubjectOwing struct {
 	Current    uint64

@@ -212,6 +212,22 @@ func (s brokenStore) PoliciesOfGenerations(ctx context.Context, generations []ui
 	return s.Store.PoliciesOfGenerations(ctx, generations)
 }
 
+// AccountsWithOwing answers under the fault "owing-two-reads" from two
+// reads, the accounts' and then the owing rows' (as views read before
+// AccountsWithOwing), the hook of store.WithBetweenReads between them.
+func (s brokenStore) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
+	if s.fault != "owing-two-reads" {
+		return s.Store.AccountsWithOwing(ctx, subjects)
+	}
+	accounts, err := s.Store.AccountsOfSubjects(ctx, subjects)
+	if err != nil {
+		return nil, nil, err
+	}
+	store.BetweenReads(ctx)
+	_, owing, err := s.Store.AccountsWithOwing(store.WithBetweenReads(ctx, nil), subjects)
+	return accounts, owing, err
+}
+
 type brokenTx struct {
 	store.Tx
 	fault string
@@ -256,6 +272,7 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"heads-first-chunk":            {"TestBrokenStoreHelper/PolicyHeads"},
 		"policies-absent-as-zero":      {"TestBrokenStoreHelper/PoliciesOfGenerations"},
 		"policies-first-chunk":         {"TestBrokenStoreHelper/PoliciesOfGenerations"},
+		"owing-two-reads":              {"TestBrokenStoreHelper/AccountsWithOwingOneSnapshot"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

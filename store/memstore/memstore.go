@@ -735,16 +735,29 @@ func copyShard(s *ledger.Shard) ledger.Shard {
 	return out
 }
 
-// OwingOfSubjects returns, by subject key, the committed current pointer
-// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects). One
-// read.
-func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
-	out := map[ledger.PolicyKey]store.SubjectOwing{}
-	err := s.read(ctx, func(r *rows) error {
-		for _, k := range subjects {
-			if k.Subject == "" {
-				continue
+// AccountsWithOwing returns copies of the accounts of subjects, as
+// AccountsOfSubjects does, and by subject key their committed current
+// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), both
+// in one read (one hold of the lock). The hook of store.WithBetweenReads
+// runs after it.
+func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) (accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, err error) {
+	named := make(map[ledger.PolicyKey]bool, len(subjects))
+	for _, k := range subjects {
+		if k.Subject != "" {
+			named[k] = true
+		}
+	}
+	owing = map[ledger.PolicyKey]store.SubjectOwing{}
+	err = s.read(ctx, func(r *rows) error {
+		if len(named) == 0 {
+			return nil
+		}
+		for _, a := range r.accounts {
+			if named[a.Key.SubjectKey()] {
+				accounts = append(accounts, *a)
 			}
+		}
+		for k := range named {
 			var o store.SubjectOwing
 			o.Current, o.HasCurrent = r.currents[k]
 			base := ledger.OwingMetaName(k)
@@ -758,10 +771,15 @@ func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey
 				}
 			}
 			if o.HasCurrent || o.Meta != nil {
-				out[k] = o
+				owing[k] = o
 			}
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, nil, err
+	}
+	store.BetweenReads(ctx)
+	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	return accounts, owing, nil
 }

@@ -60,3 +60,7 @@ func PgxTx(t store.Tx) pgx.Tx { return t.(*tx).tx }
 // SetCheckpointLeaseTTL sets the TTL of the lease s's checkpoint writers
 // take (checkpointLeaseTTL when 0).
 func SetCheckpointLeaseTTL(s *Store, ttl time.Duration) { s.checkpointTTL = ttl }
+
+// MetaLockedOutOfOrder names the Meta rows the write transaction t
+// locked out of the fixed lock order (lockMode).
+func MetaLockedOutOfOrder(t store.Tx) []string { return t.(*tx).metaOutOfOrder }

@@ -13,7 +13,8 @@ import (
 )
 
 // owingLocked is what a transaction locked of its subjects' owing sets
-// (ledger.OwingMetaName and the rows under it): the sets' names, and the
+// (ledger.OwingMetaName and the rows under it) and, with each set, of the
+// subject's left_behind rows (leftBehindOf): the sets' names, and the
 // rows found, by name, kept as the transaction's own Writes leave them.
 type owingLocked struct {
 	bases map[string]bool
@@ -23,7 +24,7 @@ type owingLocked struct {
 // get answers an owing-set row of a set already locked: its value and
 // whether it is stored; ok is false when name is not such a row.
 func (o *owingLocked) get(name string) (value int64, found, ok bool) {
-	base, isOwing := ledger.OwingSetOf(name)
+	base, isOwing := lockedWithSet(name)
 	if !isOwing || !o.bases[base] {
 		return 0, false, false
 	}
@@ -34,7 +35,7 @@ func (o *owingLocked) get(name string) (value int64, found, ok bool) {
 // written records that the transaction stored (or, stored false,
 // removed) the named row.
 func (o *owingLocked) written(name string, value int64, stored bool) {
-	if base, ok := ledger.OwingSetOf(name); !ok || !o.bases[base] {
+	if base, ok := lockedWithSet(name); !ok || !o.bases[base] {
 		return
 	}
 	if stored {
@@ -61,17 +62,55 @@ func (o *owingLocked) owes(subject ledger.PolicyKey) bool {
 	return o.rows[ledger.OwingMetaName(subject)] > 0
 }
 
+// metaLeftBehindPrefix begins the names of the ledger's left_behind Meta
+// rows ("left_behind/", a subject's three escaped key parts, its unit:
+// ledger/account.go, metaLeftBehind): a subject's capacity in the unit was
+// left behind on an account. A move away from an account reads it (and
+// writes it once), a switch opening an account reads it: after the
+// subject's accounts were locked. Locked with the subject's owing set,
+// after its rows (rankLeftBehind), before the accounts, they are read in
+// lock order.
+const metaLeftBehindPrefix = "left_behind/"
+
+// leftBehindOf returns the prefix of subject's left_behind rows' names:
+// the escaped parts of its owing-set name (ledger.OwingMetaName after
+// ledger.MetaOwingPrefix) between metaLeftBehindPrefix and "/", which no
+// other subject's names begin with (a part holds no "/").
+func leftBehindOf(subject ledger.PolicyKey) string {
+	return metaLeftBehindPrefix + strings.TrimPrefix(ledger.OwingMetaName(subject), ledger.MetaOwingPrefix) + "/"
+}
+
+// lockedWithSet returns the owing set locked with the Meta row name: the
+// set itself, or the one it is a row of (ledger.OwingSetOf), or, for a
+// left_behind row, its subject's; ok is false for any other row.
+func lockedWithSet(name string) (set string, ok bool) {
+	if set, ok := ledger.OwingSetOf(name); ok {
+		return set, true
+	}
+	rest, ok := strings.CutPrefix(name, metaLeftBehindPrefix)
+	if !ok {
+		return "", false
+	}
+	parts := strings.SplitN(rest, "/", 4) // subject, route, region, unit
+	if len(parts) != 4 {
+		return "", false
+	}
+	return ledger.MetaOwingPrefix + parts[0] + "/" + parts[1] + "/" + parts[2], true
+}
+
 // lockOwingSQL reads and locks, for the owing sets named as parallel
 // arrays ($1 each set's name, $2 and $3 the range of the names under it),
-// the set's row and the rows under it, in name order (the lock order:
+// the set's row and the rows under it, range after range as given (the
+// sets in name order, then the left_behind prefixes, each a range whose
+// name, lo and prefix are alike), each in name order (the lock order:
 // COLLATE "C" compares bytes, as Go compares strings), through meta's
 // index of names in bytes order (schema 18): one range per set, from its
 // name to the end of the names under it, less the names between (another
 // subject's set whose name continues this one's with a byte before "/").
-const lockOwingSQL = `SELECT m.name, m.value FROM unnest($1::text[], $2::text[], $3::text[]) AS k(name, lo, hi)
+const lockOwingSQL = `SELECT m.name, m.value FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS k(name, lo, hi, ord)
 	JOIN meta m ON m.name COLLATE "C" >= k.name AND m.name COLLATE "C" < k.hi
 		AND (m.name = k.name OR m.name COLLATE "C" >= k.lo)
-	ORDER BY m.name COLLATE "C"`
+	ORDER BY k.ord, m.name COLLATE "C"`
 
 // owingLockMode is how owing-set rows are locked: waiting for a holder as
 // in lock order, also when out of it (a transaction locking an account of
@@ -83,8 +122,9 @@ const lockOwingSQL = `SELECT m.name, m.value FROM unnest($1::text[], $2::text[],
 // broken by PostgreSQL's deadlock detector (40P01, store.ErrConflict).
 const owingLockMode = lockWait
 
-// lockOwing reads and locks the owing-set rows of those of subjects whose
-// set this transaction did not lock yet, in one statement, in lock order
+// lockOwing reads and locks the owing-set rows, and the left_behind rows,
+// of those of subjects whose set this transaction did not lock yet, in one
+// statement (a range of each set's and each left_behind prefix), in lock order
 // (rankOwing: before every account; owingLockMode), and keeps them:
 // MetaGet answers them without a query. Returns nil or the
 // read's error (store.ErrConflict for a lock timeout or deadlock,
@@ -115,10 +155,11 @@ type owingSetsLookup struct {
 // owingLookup returns the lookup of the owing sets of those of subjects
 // this transaction did not lock yet (nil: none).
 func (t *tx) owingLookup(subjects []ledger.PolicyKey) *owingSetsLookup {
-	var bases []string
+	var bases, leftBehind []string
 	for _, k := range subjects {
 		if base := ledger.OwingMetaName(k); !t.owing.bases[base] {
 			bases = append(bases, base)
+			leftBehind = append(leftBehind, leftBehindOf(k))
 		}
 	}
 	if len(bases) == 0 {
@@ -126,11 +167,19 @@ func (t *tx) owingLookup(subjects []ledger.PolicyKey) *owingSetsLookup {
 	}
 	slices.Sort(bases)
 	bases = slices.Compact(bases)
-	lo, hi := make([]string, len(bases)), make([]string, len(bases))
-	for i, base := range bases {
-		lo[i], hi[i] = base+"/", store.PrefixEnd(base+"/")
+	slices.Sort(leftBehind)
+	leftBehind = slices.Compact(leftBehind)
+	// A range per set, then one per left_behind prefix (its name, lo and
+	// the prefix alike: every name in the range), in lock order.
+	names := make([]string, 0, 2*len(bases))
+	lo, hi := make([]string, 0, 2*len(bases)), make([]string, 0, 2*len(bases))
+	for _, base := range bases {
+		names, lo, hi = append(names, base), append(lo, base+"/"), append(hi, store.PrefixEnd(base+"/"))
 	}
-	return &owingSetsLookup{bases: bases, sql: lockOwingSQL + owingLockMode.clause("m"), args: []any{bases, lo, hi}}
+	for _, prefix := range leftBehind {
+		names, lo, hi = append(names, prefix), append(lo, prefix), append(hi, store.PrefixEnd(prefix))
+	}
+	return &owingSetsLookup{bases: bases, sql: lockOwingSQL + owingLockMode.clause("m"), args: []any{names, lo, hi}}
 }
 
 // scanOwing reads the (name, value) rows of an owing-set lookup into
@@ -170,8 +219,8 @@ const lockOwingOneSQL = `SELECT name, value FROM meta WHERE name COLLATE "C" >= 
 
 // accountAndOwing reads the account of key, locked as mode says, as
 // Store.accountGet does; when the transaction did not lock the owing set
-// of the account's subject yet, it locks that first (lockOwing), in the
-// same round trip. Returns what accountGet returns, or the error of the
+// of the account's subject yet, it locks that and the subject's
+// left_behind rows first (lockOwing), in the same round trip. Returns what accountGet returns, or the error of the
 // owing set's read.
 func (t *tx) accountAndOwing(ctx context.Context, key ledger.AccountKey, mode lockMode) (*ledger.Account, int, error) {
 	base := ledger.OwingMetaName(key.SubjectKey())
@@ -186,18 +235,28 @@ func (t *tx) accountAndOwing(ctx context.Context, key ledger.AccountKey, mode lo
 		return t.s.accountGet(ctx, t.tx, key, mode)
 	}
 	b := &pgx.Batch{}
+	leftBehind := leftBehindOf(key.SubjectKey()) // after the set's rows: rankLeftBehind
 	b.Queue(lockOwingOneSQL+owingLockMode.clause(""), base, base+"/", store.PrefixEnd(base+"/"))
+	b.Queue(lockOwingOneSQL+owingLockMode.clause(""), leftBehind, leftBehind, store.PrefixEnd(leftBehind))
 	b.Queue(accountByKeySQL+mode.clause("a, t"), key.Subject, key.Route, key.Region, g)
 	br := t.tx.SendBatch(ctx, b)
 	found := map[string]int64{}
-	rows, err := br.Query()
-	if err == nil {
+	var err error
+	for range 2 {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err != nil {
+			break
+		}
 		err = scanOwing(rows, found)
 		rows.Close()
+		if err != nil {
+			break
+		}
 	}
 	var accounts []ledger.Account
 	var nrows []int
 	if err == nil {
+		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			accounts, nrows, err = scanAccounts(rows)
 		}

@@ -1021,17 +1021,50 @@ UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN 
 UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k
 	JOIN meta m ON m.name COLLATE "C" >= k.lo AND m.name COLLATE "C" < k.hi`
 
-// OwingOfSubjects returns, by subject key, the committed current pointer
-// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects), in
-// one query.
-func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+// AccountsWithOwing returns the accounts of subjects, as
+// AccountsOfSubjects does, and by subject key their committed current
+// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), in one
+// REPEATABLE READ, read-only transaction (one snapshot, taken at its first
+// query): the accounts' query, then the owing rows'.
+func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
 	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
-	out := map[ledger.PolicyKey]store.SubjectOwing{}
 	if len(keys) == 0 {
-		return out, nil
+		return nil, map[ledger.PolicyKey]store.SubjectOwing{}, nil
 	}
 	slices.SortFunc(keys, ledger.PolicyKey.Compare)
 	keys = slices.Compact(keys)
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, nil, s.c.classify("accounts with owing: begin", err, false)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
+	}
+	rows, err := tx.Query(ctx, accountsOfSubjectsSQL, subj, route, region)
+	if err != nil {
+		return nil, nil, s.c.classify("accounts with owing", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, nil, s.c.classify("accounts with owing", err, false)
+	}
+	store.BetweenReads(ctx)
+	owing, err := s.owingOfKeys(ctx, tx, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, s.c.classify("accounts with owing: end", err, false)
+	}
+	return accounts, owing, nil
+}
+
+// owingOfKeys reads the current pointers and owing-set Meta rows of keys
+// (distinct, not empty) by subject key, in one query on tx.
+func (s *Store) owingOfKeys(ctx context.Context, tx pgx.Tx, keys []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+	out := map[ledger.PolicyKey]store.SubjectOwing{}
 	cols := make([][]string, 6)
 	for i := range cols {
 		cols[i] = make([]string, len(keys))
@@ -1041,7 +1074,7 @@ func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey
 		cols[0][i], cols[1][i], cols[2][i] = k.Subject, k.Route, k.Region
 		cols[3][i], cols[4][i], cols[5][i] = base, base+"/", store.PrefixEnd(base+"/")
 	}
-	rows, err := s.pool.Query(ctx, owingOfSubjectsSQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+	rows, err := tx.Query(ctx, owingOfSubjectsSQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
 	if err != nil {
 		return nil, s.c.classify("owing of subjects", err, false)
 	}

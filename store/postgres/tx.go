@@ -48,12 +48,18 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 // before the first account of the subject it locks (AccountsPrefetch,
 // AccountGet): for a subject that owes they are the gate its accounts are
 // locked behind, and the owing accounts a command of the subject then
-// locks, in any order, are held by no other transaction.
+// locks, in any order, are held by no other transaction. A subject's
+// left_behind rows (metaLeftBehindPrefix), read when a move leaves one of
+// its accounts or a switch opens one, after its accounts, are locked with
+// its owing set, ranked after every owing row (a command may read its
+// subject's owing rows before any account, one by one) and before the
+// accounts.
 const (
 	rankMeta uint8 = iota
 	rankShard
 	rankReservation
 	rankOwing
+	rankLeftBehind
 	rankAccount
 )
 
@@ -79,10 +85,14 @@ const (
 )
 
 // metaRow is the row of the named Meta counter: rankOwing for an owing-set
-// row, else rankMeta.
+// row, rankLeftBehind for a left_behind row (both locked with the owing
+// set, lockOwing), else rankMeta.
 func metaRow(name string) rowKey {
 	if strings.HasPrefix(name, ledger.MetaOwingPrefix) {
 		return rowKey{rank: rankOwing, a: name}
+	}
+	if strings.HasPrefix(name, metaLeftBehindPrefix) {
+		return rowKey{rank: rankLeftBehind, a: name}
 	}
 	return rowKey{rank: rankMeta, a: name}
 }
@@ -131,7 +141,10 @@ type tx struct {
 	tombs map[string]*ledger.Tombstone
 	// owing holds the owing-set rows locked so far (owing.go).
 	owing owingLocked
-	done  bool
+	// metaOutOfOrder names the Meta rows MetaGet locked out of lock
+	// order, for tests.
+	metaOutOfOrder []string
+	done           bool
 }
 
 // outOfOrderLockTimeout bounds the wait for a row lock asked out of lock
@@ -197,6 +210,9 @@ func (t *tx) MetaGet(ctx context.Context, name string) (int64, error) {
 	mode, err := t.lockMode(ctx, k)
 	if err != nil {
 		return 0, err
+	}
+	if mode == lockOutOfOrder {
+		t.metaOutOfOrder = append(t.metaOutOfOrder, name)
 	}
 	var value int64
 	err = t.tx.QueryRow(ctx, `SELECT value FROM meta WHERE name = $1`+mode.clause(""), name).Scan(&value)

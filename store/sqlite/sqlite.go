@@ -660,7 +660,7 @@ func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.Policy
 		return nil, errClosed
 	}
 	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
-	out, err = queryByKeys(ctx, &s.r.accountsOfSubjects, scanAccount, "accounts of subjects", keys)
+	out, err = queryByKeys(ctx, pooled(&s.r.accountsOfSubjects), scanAccount, "accounts of subjects", keys)
 	if err != nil {
 		return nil, err
 	}
@@ -668,11 +668,23 @@ func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.Policy
 	return out, nil
 }
 
+// pooled returns stmts (one per size of subjectChunkSizes) by size, each
+// run on its own on the read pool.
+func pooled(stmts *[len(subjectChunkSizes)]*sql.Stmt) func(size int) queryer {
+	return func(size int) queryer { return stmts[size] }
+}
+
+// inReadTx returns stmts (one per size of subjectChunkSizes) by size, run
+// in tx.
+func inReadTx(ctx context.Context, tx *sql.Tx, stmts *[len(subjectChunkSizes)]*sql.Stmt) func(size int) queryer {
+	return func(size int) queryer { return tx.StmtContext(ctx, stmts[size]) }
+}
+
 // queryByKeys reads the rows of the distinct keys of keys, up to 128 keys
-// a statement: each chunk with the smallest of stmts (one per size of
-// subjectChunkSizes) that holds it, its unused places NULL (no key equals
-// it), each statement on its own.
-func queryByKeys[T any](ctx context.Context, stmts *[len(subjectChunkSizes)]*sql.Stmt, scan func(scanner) (T, error), what string, keys []ledger.PolicyKey) ([]T, error) {
+// a statement: each chunk with the smallest statement of stmt (by index
+// of subjectChunkSizes) that holds it, its unused places NULL (no key
+// equals it).
+func queryByKeys[T any](ctx context.Context, stmt func(size int) queryer, scan func(scanner) (T, error), what string, keys []ledger.PolicyKey) ([]T, error) {
 	distinct := slices.Clone(keys)
 	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
 	distinct = slices.Compact(distinct)
@@ -690,7 +702,7 @@ func queryByKeys[T any](ctx context.Context, stmts *[len(subjectChunkSizes)]*sql
 		for len(args) < cap(args) {
 			args = append(args, nil)
 		}
-		found, err := queryAll(ctx, stmts[size], scan, what, args...)
+		found, err := queryAll(ctx, stmt(size), scan, what, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -757,7 +769,7 @@ func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (_ map
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	found, err := queryByKeys(ctx, &s.r.headsOf, scanHead, "policy heads", keys)
+	found, err := queryByKeys(ctx, pooled(&s.r.headsOf), scanHead, "policy heads", keys)
 	if err != nil {
 		return nil, err
 	}
@@ -1168,18 +1180,43 @@ func owingOfSubjectsSQL(n int) string {
 		" UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN meta m ON m.name >= k.lo AND m.name < k.hi"
 }
 
-// OwingOfSubjects returns, by subject key, the committed current pointer
-// and owing-set Meta rows of subjects (store.Store.OwingOfSubjects): the
-// distinct keys in statements of up to 128 (subjectChunkSizes, prepared
-// as AccountsOfSubjects' are), each on its own.
-func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (_ map[ledger.PolicyKey]store.SubjectOwing, err error) {
+// AccountsWithOwing returns the accounts of subjects, as
+// AccountsOfSubjects does, and by subject key their committed current
+// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), in one
+// read transaction on the read pool (one WAL snapshot): the accounts'
+// statements, then the owing rows' (up to 128 distinct keys a statement,
+// subjectChunkSizes, each kind prepared once).
+func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) (accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
-		return nil, errClosed
+		return nil, nil, errClosed
 	}
 	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
 	slices.SortFunc(keys, ledger.PolicyKey.Compare)
 	keys = slices.Compact(keys)
+	if len(keys) == 0 {
+		return nil, map[ledger.PolicyKey]store.SubjectOwing{}, nil
+	}
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("accounts with owing: %w", translate(ctx, err))
+	}
+	defer tx.Rollback()
+	if accounts, err = queryByKeys(ctx, inReadTx(ctx, tx, &s.r.accountsOfSubjects), scanAccount, "accounts with owing", keys); err != nil {
+		return nil, nil, err
+	}
+	store.BetweenReads(ctx)
+	if owing, err = owingByKeys(ctx, inReadTx(ctx, tx, &s.r.owingOf), keys); err != nil {
+		return nil, nil, err
+	}
+	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	return accounts, owing, nil
+}
+
+// owingByKeys reads the current pointers and owing-set Meta rows of keys
+// (distinct, in order) by subject key, up to 128 keys a statement of stmt
+// (owingOfSubjectsSQL of each size of subjectChunkSizes).
+func owingByKeys(ctx context.Context, stmt func(size int) queryer, keys []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
 	out := map[ledger.PolicyKey]store.SubjectOwing{}
 	type row struct {
 		key   ledger.PolicyKey
@@ -1205,7 +1242,7 @@ func (s *Store) OwingOfSubjects(ctx context.Context, subjects []ledger.PolicyKey
 		for len(args) < cap(args) {
 			args = append(args, nil) // no row's key or name equals NULL
 		}
-		found, err := queryAll(ctx, s.r.owingOf[size], scan, "owing of subjects", args...)
+		found, err := queryAll(ctx, stmt(size), scan, "owing of subjects", args...)
 		if err != nil {
 			return nil, err
 		}

@@ -100,7 +100,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
-		{"OwingOfSubjects", testOwingOfSubjects},
+		{"AccountsWithOwing", testAccountsWithOwing},
+		{"AccountsWithOwingOneSnapshot", testAccountsWithOwingOneSnapshot},
 		{"PolicyHeads", testPolicyHeads},
 		{"PoliciesOfGenerations", testPoliciesOfGenerations},
 		{"Lists", testLists},
@@ -1543,26 +1544,49 @@ func testPolicyChanges(t *testing.T, s store.Store) {
 	want("the second rollback", 5)
 }
 
-// OwingOfSubjects returns each named subject's committed current pointer
-// and owing-set rows, not another subject's whose key (or owing-set
-// name) its own prefixes, nor other meta rows; a subject with neither is
-// absent; nothing uncommitted; 200 subjects (past SQLite's statements of
-// 128) come back whole.
-func testOwingOfSubjects(t *testing.T, s store.Store) {
+// AccountsWithOwing returns each named subject's accounts, as
+// AccountsOfSubjects does, and its committed current pointer and
+// owing-set rows, not another subject's whose key (or owing-set name)
+// its own prefixes, nor other meta rows; a subject with neither is
+// absent from the owing map; nothing uncommitted; 200 subjects (past
+// SQLite's statements of 128) come back whole.
+func testAccountsWithOwing(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	key := func(subject, region string) ledger.PolicyKey {
 		return ledger.PolicyKey{Subject: subject, Route: "chat", Region: region}
 	}
+	owingOf := func(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+		t.Helper()
+		accounts, owing, err := s.AccountsWithOwing(ctx, subjects)
+		if err != nil {
+			return nil, err
+		}
+		want, err := s.AccountsOfSubjects(ctx, subjects)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(accounts) != 0 || len(want) != 0 {
+			same(t, fmt.Sprintf("accounts with owing of %d subjects", len(subjects)), accounts, want)
+		}
+		return owing, nil
+	}
 	frozen, near, plain, none := key("t7", "eu"), key("t7", "eu-west"), key("t70", "eu"), key("nobody", "eu")
-	if got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen}); err != nil || len(got) != 0 {
+	if got, err := owingOf(ctx, []ledger.PolicyKey{frozen}); err != nil || len(got) != 0 {
 		t.Errorf("empty store: %v, %v; want none", got, err)
 	}
+	for _, empty := range [][]ledger.PolicyKey{nil, {key("", "eu")}} {
+		if accounts, got, err := s.AccountsWithOwing(ctx, empty); err != nil || len(accounts) != 0 || len(got) != 0 {
+			t.Errorf("subjects %q: %v, %v, %v; want none", empty, accounts, got, err)
+		}
+	}
 	base, nearBase := ledger.OwingMetaName(frozen), ledger.OwingMetaName(near)
+	accounts, _ := debtAccounts()
 	Commit(t, s, &store.Changes{
 		Meta:     map[string]int64{base: 2, base + "/0": 4, base + "/1": 9, nearBase: 1, nearBase + "/0": 3, "policy_generation": 9},
 		Currents: []store.Current{{Subject: frozen, Generation: 4}, {Subject: near, Generation: 3}, {Subject: plain, Generation: 7}},
+		Accounts: accounts,
 	})
-	got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen, plain, none, frozen, key("", "eu")})
+	got, err := owingOf(ctx, []ledger.PolicyKey{frozen, plain, none, frozen, key("", "eu")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1578,7 +1602,7 @@ func testOwingOfSubjects(t *testing.T, s store.Store) {
 		if err := tx.Write(ctx, &store.Changes{Meta: map[string]int64{ledger.OwingMetaName(plain): 1}, Currents: []store.Current{{Subject: none, Generation: 1}}}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.OwingOfSubjects(ctx, []ledger.PolicyKey{frozen, plain, none})
+		got, err := owingOf(ctx, []ledger.PolicyKey{frozen, plain, none})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1588,13 +1612,18 @@ func testOwingOfSubjects(t *testing.T, s store.Store) {
 	})
 	var currents []store.Current
 	var names []ledger.PolicyKey
+	var many []ledger.Account
 	for i := range 200 {
 		k := key(fmt.Sprintf("page-%03d", i), "eu")
 		names = append([]ledger.PolicyKey{k}, names...)
 		currents = append(currents, store.Current{Subject: k, Generation: uint64(i + 1)})
+		a := ledger.Account{Key: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: uint64(i + 1)},
+			Dims: 1, EpochStart: at(0), Version: 1}
+		a.Balances[0] = noDebt()
+		many = append(many, a)
 	}
-	Commit(t, s, &store.Changes{Currents: currents})
-	got, err = s.OwingOfSubjects(ctx, names)
+	Commit(t, s, &store.Changes{Currents: currents, Accounts: many})
+	got, err = owingOf(ctx, names)
 	if err != nil {
 		t.Fatal(err)
 	}
