@@ -542,3 +542,151 @@ func TestDebtFreezesEveryAdmissionAndRetryAfterKeepsItsPromise(t *testing.T) {
 	wantTerms("repay", map[string]int64{"overdraftIssued": 400, "overdraftRepaid": 400, "reserved": 250})
 	auditStoppedDataDir(t, bin, dir, srv)
 }
+
+// TestCrashMidShardRetention kills serve with SIGKILL, at seeded random
+// points, while a retention pass removes reconciled emergency shards (a
+// page per transaction) and then folds the fence rows of the gateways
+// left without a live shard into the store's fence floor. After each
+// restart every shard is there, reconciled, or gone (SHARD_NOT_FOUND,
+// also for its resent reconciliation, which remints nothing), the
+// account's terms are as before, and the audit of the stopped data
+// directory is clean; at the end, once a pass folded the fence rows,
+// every gateway's next shard (a restarted gateway's, under a new boot
+// epoch) carries a fence above every fence it held.
+func TestCrashMidShardRetention(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs several server processes")
+	}
+	bin := buildBinary(t)
+	rng := crashRand(t)
+	dir := t.TempDir()
+	quiet := []string{"--retention", "0", "--compaction", "0"}
+	srv := startServer(t, bin, dir, quiet...)
+	const (
+		subject  = "tenant-ret"
+		gateways = 520
+		perGW    = 2
+	)
+	mustPost(t, srv.url, "PublishPolicy", `{"policy":{"subject":"*","route":"ret","holdTtl":"3600s","epochLength":"315360000s",
+	  "emergencyMode":true,"dimensions":[{"unit":"tokens","burst":"1000000"}]}}`)
+	shardID := func(g, k int) string { return fmt.Sprintf("ret-%03d-%d", g, k) }
+	gw := func(g int) string { return fmt.Sprintf("gw-%03d", g) }
+	// Each gateway is issued two 1-token shards of 1 s (fences 1 and 2)
+	// and reconciles each with no receipts (all of it reminted).
+	maxFence := make([]int64, gateways)
+	parallel(gateways, func(g int) {
+		for k := range perGW {
+			out, ok := postOK(t, srv.url, "ShardService/IssueShard", fmt.Sprintf(
+				`{"shardId":%q,"subject":%q,"route":"ret","units":{"tokens":1},"gatewayId":%q,"bootEpoch":"1","ttl":"1s"}`, shardID(g, k), subject, gw(g)))
+			if !ok {
+				return
+			}
+			f, _ := strconv.ParseInt(fmt.Sprint(asMap(out["shard"])["fence"]), 10, 64)
+			maxFence[g] = max(maxFence[g], f)
+			postOK(t, srv.url, "ShardService/ReconcileShard", fmt.Sprintf(`{"shardId":%q,"gatewayId":%q,"receipts":[]}`, shardID(g, k), gw(g)))
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	t.Logf("%d shards issued and reconciled", gateways*perGW)
+	before := routeTerms(t, srv.url, subject, "ret")
+	checkConservation(t, subject, before)
+	stopGracefully(t, srv)
+	time.Sleep(1100 * time.Millisecond) // every shard expired a retention window ago
+
+	present := map[string]bool{}
+	for g := range gateways {
+		for k := range perGW {
+			present[shardID(g, k)] = true
+		}
+	}
+	retire := []string{"--retention", "1s", "--tombstone-retention", "1h", "--retention-interval", "50ms", "--compaction", "0", "--maintenance-share", "1"}
+	// kill starts serve with retention, waits until the counter named
+	// reaches target, kills it, restarts it without retention and checks.
+	kill := func(round int, name string, target int64) {
+		srv := startServer(t, bin, dir, retire...)
+		var st map[string]any
+		if !pollUntil(2*time.Minute, func() bool {
+			st = statusz(t, srv.url)
+			return counter(st, "retention", name) >= target
+		}) {
+			t.Fatalf("round %d: %s did not reach %d: %v", round, name, target, st)
+		}
+		time.Sleep(time.Duration(rng.IntN(5000)) * time.Microsecond)
+		kill9(t, srv)
+		srv = startServer(t, bin, dir, quiet...)
+		removed := 0
+		for g := range gateways {
+			for k := range perGW {
+				id := shardID(g, k)
+				status, out := post(crashClient, srv.url, "ShardService/GetShard", fmt.Sprintf(`{"shardId":%q}`, id))
+				switch {
+				case status == 200 && present[id] && field(out, "shard", "reconciled") == true:
+				case status == 404 && reasonOf(out) == "SHARD_NOT_FOUND":
+					present[id] = false
+					removed++
+				default:
+					t.Errorf("round %d: GetShard %s (present before: %v): %d %v", round, id, present[id], status, out)
+				}
+				if (g+k)%16 != 0 {
+					continue
+				}
+				// A resent reconciliation: refused, or unknown once removed.
+				status, out = post(crashClient, srv.url, "ShardService/ReconcileShard", fmt.Sprintf(`{"shardId":%q,"gatewayId":%q,"receipts":[]}`, id, gw(g)))
+				if want := map[bool]string{true: "SHARD_ALREADY_RECONCILED", false: "SHARD_NOT_FOUND"}[present[id]]; reasonOf(out) != want {
+					t.Errorf("round %d: reconciliation of %s resent: %d %v, want %s", round, id, status, out, want)
+				}
+			}
+		}
+		after := routeTerms(t, srv.url, subject, "ret")
+		checkConservation(t, subject, after)
+		if fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Errorf("round %d: terms %v, were %v before retention", round, after, before)
+		}
+		t.Logf("round %d: killed when %s reached %d: %d of %d shards removed, %v", round, name, target, removed, gateways*perGW, st["retention"])
+		auditStoppedDataDir(t, bin, dir, srv)
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	remaining := func() int64 {
+		n := int64(0)
+		for _, p := range present {
+			if p {
+				n++
+			}
+		}
+		return n
+	}
+	// Two kills at random points of the removal (the second among what
+	// the first left), then one as the removal ends: in the last page,
+	// or as the fences fold (the pass's next step, whose count shows only
+	// once it ends).
+	kill(0, "shardsRemoved", 1+rng.Int64N(remaining()/2))
+	if n := remaining(); n > 0 {
+		kill(1, "shardsRemoved", 1+rng.Int64N(n))
+	}
+	kill(2, "shardsRemoved", remaining())
+
+	// One pass to its end folds whatever fence rows the kills left.
+	srv = startServer(t, bin, dir, retire...)
+	if !pollUntil(2*time.Minute, func() bool { return counter(statusz(t, srv.url), "retention", "passes") >= 1 }) {
+		t.Fatal("no retention pass ended within 2 minutes")
+	}
+	stopGracefully(t, srv)
+	// Every gateway restarts (boot epoch 2) and is issued a shard: its
+	// fence is above the newest it held before its fence row was folded.
+	srv = startServer(t, bin, dir, quiet...)
+	parallel(gateways, func(g int) {
+		out, ok := postOK(t, srv.url, "ShardService/IssueShard", fmt.Sprintf(
+			`{"shardId":"next-%03d","subject":%q,"route":"ret","units":{"tokens":1},"gatewayId":%q,"bootEpoch":"2","ttl":"3600s"}`, g, subject, gw(g)))
+		if !ok {
+			return
+		}
+		if f, _ := strconv.ParseInt(fmt.Sprint(asMap(out["shard"])["fence"]), 10, 64); f <= maxFence[g] {
+			t.Errorf("%s's shard after retention: fence %d, not above the %d it held", gw(g), f, maxFence[g])
+		}
+	})
+	auditStoppedDataDir(t, bin, dir, srv)
+}
