@@ -690,3 +690,101 @@ func TestCrashMidShardRetention(t *testing.T) {
 	})
 	auditStoppedDataDir(t, bin, dir, srv)
 }
+
+// TestShardRemintAfterAGenerationSwitchRepaysDebtOnce: a shard carved
+// under generation 1; the policy is published again (generation 2),
+// whose account takes generation 1's available capacity and then owes
+// debt (usage above a reservation), so it admits nothing. The shard's
+// reconciliation remints its confirmed unused units into generation 2,
+// repaying the debt first; its answer is lost and serve killed with
+// SIGKILL at once, and the retry after the restart is refused as already
+// reconciled: the debt is repaid once, admission resumes, and the unknown
+// work's units stay retired until its late receipt (its answer lost too)
+// remints the rest once. Every generation's account conserves, the
+// capacity in use across both adds up to the burst, and the audit of the
+// stopped data directory is clean.
+func TestShardRemintAfterAGenerationSwitchRepaysDebtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, dir)
+	const subject = "tenant-xgen"
+	policy := `{"policy":{"subject":"*","route":"xgen","holdTtl":"3600s","epochLength":"315360000s",
+	  "emergencyMode":true,"dimensions":[{"unit":"tokens","burst":"10000","maxOverdraft":"5000"}]}}`
+	mustPost(t, srv.url, "PublishPolicy", policy)
+	mustPost(t, srv.url, "ShardService/IssueShard", fmt.Sprintf(
+		`{"shardId":"sh-x","subject":%q,"route":"xgen","units":{"tokens":4000},"gatewayId":"gw-a","bootEpoch":"1","ttl":"3600s"}`, subject))
+	if gen := fmt.Sprint(mustPost(t, srv.url, "PublishPolicy", strings.Replace(policy, "3600s", "3601s", 1))["policy"].(map[string]any)["generation"]); gen != "2" {
+		t.Fatalf("the second publish made generation %s, want 2", gen)
+	}
+	reserve := func(id string, tokens int) (int, map[string]any) {
+		return post(crashClient, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"xgen","units":{"tokens":%d}}`, id, subject, tokens))
+	}
+	// Generation 2 holds what generation 1 had available: 6000.
+	if status, out := reserve("big", 6000); status != 200 || fmt.Sprint(out["policyGeneration"]) != "2" {
+		t.Fatalf("reserve of 6000 under generation 2: %d %v", status, out)
+	}
+	mustPost(t, srv.url, "Start", `{"reservationId":"big","operationId":"op-big"}`)
+	mustPost(t, srv.url, "Settle", `{"reservationId":"big","operationId":"op-big","actualUnits":{"tokens":7000}}`)
+	gen2 := func(want map[string]int64) {
+		t.Helper()
+		all := generationTerms(t, srv.url, subject, "xgen")
+		for g, tm := range all {
+			checkConservation(t, subject+"#"+g, tm)
+		}
+		for term, v := range want {
+			if got := all["2"]["tokens"][term]; got != v {
+				t.Errorf("%s generation 2: %s %d, want %d (%v)", subject, term, got, v, all)
+			}
+		}
+	}
+	gen2(map[string]int64{"available": 0, "spent": 7000, "overdraftIssued": 1000, "overdraftRepaid": 0})
+	if status, out := reserve("while-owed", 1); status != 429 || reasonOf(out) != "ADMISSION_FROZEN" {
+		t.Errorf("reserve of 1 while 1000 are owed: %d %v, want 429 ADMISSION_FROZEN", status, out)
+	}
+
+	// 500 of a 1000 hold used, 1000 started and unknown: 2500 unused,
+	// reminted into generation 2: 1000 repay the debt, 1500 available.
+	lossy := newLossyLink(t, srv.url)
+	reconcile := `{"shardId":"sh-x","gatewayId":"gw-a","receipts":[
+	  {"reservationId":"x-used","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1000},"actualUnits":{"tokens":500}},
+	  {"reservationId":"x-unknown","state":"RESERVATION_STATE_STARTED","reservedUnits":{"tokens":1000}}]}`
+	lossy.lose("ShardService/ReconcileShard", reconcile)
+	kill9(t, srv)
+	srv = startServer(t, bin, dir)
+	if status, out := post(crashClient, srv.url, "ShardService/ReconcileShard", reconcile); status != 400 || reasonOf(out) != "SHARD_ALREADY_RECONCILED" {
+		t.Errorf("the reconciliation retried after the restart: %d %v, want SHARD_ALREADY_RECONCILED", status, out)
+	}
+	gen2(map[string]int64{"available": 1500, "reserved": 0, "overdraftIssued": 1000, "overdraftRepaid": 1000})
+	if status, out := reserve("after-repay", 1); status != 200 {
+		t.Errorf("reserve of 1 once the remint repaid the debt: %d %v, want it admitted", status, out)
+	}
+
+	// The unknown work's receipt: 700 used, 300 come back, once.
+	late := `{"shardId":"sh-x","gatewayId":"gw-a","receipts":[
+	  {"reservationId":"x-unknown","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1000},"actualUnits":{"tokens":700}}]}`
+	lossy = newLossyLink(t, srv.url)
+	lossy.lose("ShardService/ReconcileShard", late)
+	if status, out := post(crashClient, srv.url, "ShardService/ReconcileShard", late); status != 400 || reasonOf(out) != "SHARD_ALREADY_RECONCILED" {
+		t.Errorf("the late receipt retried: %d %v, want SHARD_ALREADY_RECONCILED", status, out)
+	}
+	gen2(map[string]int64{"available": 1799, "reserved": 1, "overdraftRepaid": 1000})
+	sh := asMap(mustPost(t, srv.url, "ShardService/GetShard", `{"shardId":"sh-x"}`)["shard"])
+	for term, want := range map[string]string{"spentUnits": "1200", "remintedUnits": "2800", "unknownUnits": "0"} {
+		if got := fmt.Sprint(asMap(sh[term])["tokens"]); got != want {
+			t.Errorf("sh-x %s %s, want %s: %v", term, got, want, sh)
+		}
+	}
+	// In use across both generations: 7000 settled, 1200 spent from the
+	// shard, 1 held; the rest of the 10000 is available.
+	var available int64
+	for _, tm := range generationTerms(t, srv.url, subject, "xgen") {
+		available += tm["tokens"]["available"]
+	}
+	if available != 10000-7000-1200-1 {
+		t.Errorf("available across the generations %d, want %d", available, 10000-7000-1200-1)
+	}
+	auditStoppedDataDir(t, bin, dir, srv)
+}
