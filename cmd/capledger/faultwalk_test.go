@@ -788,3 +788,93 @@ func TestShardRemintAfterAGenerationSwitchRepaysDebtOnce(t *testing.T) {
 	}
 	auditStoppedDataDir(t, bin, dir, srv)
 }
+
+// TestUnknownWorkKeepsItsHoldAcrossAKill: started work whose usage is
+// unknown (marked by the gateway, its answer lost; marked by the
+// execution-limit worker; or still STARTED long past its hold's TTL)
+// keeps its units reserved across a SIGKILL of serve: after the restart
+// none of it was expired or released, a Release of it is refused
+// (RESERVATION_ALREADY_STARTED, refunding nothing), a reserve that needs
+// its units is refused, and only each settle, sent twice, charges the
+// usage and refunds the rest once. The audit of the stopped data
+// directory is clean.
+func TestUnknownWorkKeepsItsHoldAcrossAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, dir)
+	const subject = "tenant-unknown"
+	mustPost(t, srv.url, "PublishPolicy", `{"policy":{"subject":"*","route":"unk","holdTtl":"1s","executionLimit":"2s","epochLength":"315360000s",
+	  "dimensions":[{"unit":"tokens","burst":"1000"}]}}`)
+	holds := map[string]int{"by-gateway": 200, "by-worker": 300, "still-started": 100}
+	for id, tokens := range holds {
+		mustPost(t, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"unk","units":{"tokens":%d}}`, id, subject, tokens))
+		mustPost(t, srv.url, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id))
+	}
+	state := func(id string) any {
+		return asMap(mustPost(t, srv.url, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"]
+	}
+	lossy := newLossyLink(t, srv.url)
+	lossy.lose("MarkUsageUnknown", `{"reservationId":"by-gateway"}`)
+	// The worker marks work past its execution limit of 2 s; by then every
+	// hold is past its TTL of 1 s.
+	for deadline := time.Now().Add(60 * time.Second); state("by-worker") != "RESERVATION_STATE_USAGE_UNKNOWN"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("work past its execution limit of 2 s is %v after a minute", state("by-worker"))
+		}
+	}
+	mustPost(t, srv.url, "Settle", `{"reservationId":"still-started","operationId":"op-still-started","actualUnits":{"tokens":100}}`)
+	mustPost(t, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":"still-started-2","subject":%q,"route":"unk","units":{"tokens":100}}`, subject))
+	mustPost(t, srv.url, "Start", `{"reservationId":"still-started-2","operationId":"op-still-started-2"}`)
+	kill9(t, srv)
+	srv = startServer(t, bin, dir)
+	// Past its TTL, started: never expired; past its execution limit
+	// the worker may have marked it unknown meanwhile.
+	time.Sleep(1100 * time.Millisecond)
+
+	for id, want := range map[string][]string{
+		"by-gateway":      {"RESERVATION_STATE_USAGE_UNKNOWN"},
+		"by-worker":       {"RESERVATION_STATE_USAGE_UNKNOWN"},
+		"still-started-2": {"RESERVATION_STATE_STARTED", "RESERVATION_STATE_USAGE_UNKNOWN"},
+	} {
+		if got := fmt.Sprint(state(id)); got != want[0] && (len(want) == 1 || got != want[1]) {
+			t.Errorf("%s after the restart: %s, want %v", id, got, want)
+		}
+		status, out := post(crashClient, srv.url, "Release", fmt.Sprintf(`{"reservationId":%q}`, id))
+		if status != 400 || reasonOf(out) != "RESERVATION_ALREADY_STARTED" {
+			t.Errorf("release of %s: %d %v, want RESERVATION_ALREADY_STARTED", id, status, out)
+		}
+	}
+	terms := func(want map[string]int64) {
+		t.Helper()
+		tm := routeTerms(t, srv.url, subject, "unk")
+		checkConservation(t, subject, tm)
+		for term, v := range want {
+			if got := tm["tokens"][term]; got != v {
+				t.Errorf("%s: %s %d, want %d (%v)", subject, term, got, v, tm["tokens"])
+			}
+		}
+	}
+	// 600 held by unknown or started work, 100 spent: 300 available.
+	terms(map[string]int64{"available": 300, "reserved": 600, "spent": 100})
+	if status, out := post(crashClient, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":"beyond","subject":%q,"route":"unk","units":{"tokens":301}}`, subject)); status != 429 {
+		t.Errorf("reserve of 301 beside 600 held by unknown work: %d %v, want 429", status, out)
+	}
+	for id, used := range map[string]int{"by-gateway": 150, "by-worker": 300, "still-started-2": 20} {
+		body := fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s","actualUnits":{"tokens":%d}}`, id, id, used)
+		hold := holds[id]
+		if id == "still-started-2" {
+			hold = 100
+		}
+		if out := mustPost(t, srv.url, "Settle", body); fmt.Sprint(asMap(out["refundedUnits"])["tokens"]) != fmt.Sprint(hold-used) && hold != used {
+			t.Errorf("settle of %s: %v, want %d refunded", id, out, hold-used)
+		}
+		if out := mustPost(t, srv.url, "Settle", body); out["replayed"] != true || len(asMap(out["refundedUnits"])) != 0 {
+			t.Errorf("settle of %s sent again: %v, want a replay refunding nothing", id, out)
+		}
+	}
+	terms(map[string]int64{"available": 1000 - 100 - 150 - 300 - 20, "reserved": 0, "spent": 100 + 150 + 300 + 20})
+	auditStoppedDataDir(t, bin, dir, srv)
+}
