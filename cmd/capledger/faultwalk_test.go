@@ -13,11 +13,13 @@ import (
 	"time"
 )
 
-// Black-box fault injection for the seed's list (two gateways on one
-// shard id, refunds whose answers a kill -9 lost, a release racing the
-// expiry, debt and its Retry-After): a real `capledger serve` on a data
-// directory, clients speaking JSON over a socket, and `capledger audit`
-// run on the stopped server's data directory at the end.
+// Black-box fault injection for the seed's list where the other tests
+// of this package left gaps (two gateways on one shard id, refunds whose
+// answers a kill -9 lost, a release racing the expiry, debt and its
+// Retry-After, a shard's remint across a generation switch, unknown work
+// across a kill, kills mid shard retention and mid rollback drain): a
+// real `capledger serve` on a data directory, clients speaking JSON over
+// a socket, and `capledger audit` run on the data directory at the end.
 
 // postWithHeader is post that also returns the answer's headers (nil
 // when no answer arrived).
