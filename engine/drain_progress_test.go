@@ -110,17 +110,18 @@ func TestGenerationWithAnOpenShardIsNotDrained(t *testing.T) {
 }
 
 // DrainProgress counts an account blocked by burst when the deciding
-// account's available plus reserved units fill its burst (a drain moves
-// capacity only as far as the burst has room, held units included), not
-// only when its available units do.
+// account's available plus reserved units, with the units the subject
+// holds under other generations, fill its burst (a drain moves capacity
+// only as far as the burst has room, held units included), not only when
+// its available units do.
 func TestDrainProgressBlockedByHeldUnits(t *testing.T) {
 	r := newDrainRig(t)
 	r.publish(1000, false)
 	r.do(reserveCmd("rl-1", 5))
 	r.publish(10, false)
-	r.do(reserveCmd("rl-2", 10)) // generation 2: 0 available, 10 reserved
-	if p := r.progress(2); p.Available[0] != 0 || p.Reserved[0] != 10 {
-		t.Fatalf("generation 2: %+v, want 0 available and 10 reserved", p)
+	r.do(reserveCmd("rl-2", 5)) // generation 2: 0 available, 5 reserved, 5 held under generation 1
+	if p := r.progress(2); p.Available[0] != 0 || p.Reserved[0] != 5 {
+		t.Fatalf("generation 2: %+v, want 0 available and 5 reserved", p)
 	}
 	p := r.progress(1)
 	if p.Available[0] == 0 || p.BlockedByBurst != 1 || p.Drained() {

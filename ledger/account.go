@@ -92,6 +92,10 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 	for i := range p.Dimensions {
 		account.RefilledTo[i] = now.UnixNano()
 	}
+	if previous != nil {
+		carryHeld(previous, previousPolicy, account, p)
+		b.AccountPut(previous)
+	}
 	b.AccountPut(account)
 	b.AccountCurrentPut(subject, p.Generation)
 	var move *Move
@@ -197,8 +201,10 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
 // counting what p's account (when it is not a) holds in that unit,
-// available and reserved. When a became current, p's account moved its
-// available capacity to a (makeCurrent), but it keeps its reservations,
+// available (heldByDeciding) and reserved (a counts it with every hold
+// of the subject's other accounts, Account.HeldElsewhere). When a became
+// current, p's account moved its available capacity to a (makeCurrent),
+// but it keeps its reservations,
 // what a's burst had no room for, and what other members move to it while
 // the subject is frozen (settleOwing), and it does not refill such a unit
 // (settleOwing), so a's refill room there is its burst less both
@@ -234,19 +240,16 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 }
 
 // heldByDeciding returns, per dimension of a (under its policy ap), what
-// the account of p, the deciding generation, holds in the same unit,
-// available and reserved, when a is not that account: the subject's
-// capacity a must leave room for under its burst, whatever brings
-// capacity into a while it is current (its refill, bringOwingToNow; a
-// shard's remint, remintShard). Zero where p does not limit the unit or
-// its account does not exist yet.
+// the account of p, the deciding generation, holds available in the same
+// unit when a is not that account: the subject's capacity a must leave
+// room for under its burst, whatever brings capacity into a while it is
+// current (its refill, bringOwingToNow; a shard's remint, remintShard).
+// What that account holds reserved a counts already, as every hold of
+// the subject's other accounts (Account.HeldElsewhere). Zero where p does
+// not limit the unit or its account does not exist yet.
 func heldByDeciding(b Book, a *Account, ap, p *Policy) Amounts {
-	available, reserved := decidingHolds(b, a, ap, p)
-	var held Amounts
-	for i := range held {
-		held[i] = available[i] + reserved[i]
-	}
-	return held
+	available, _ := decidingHolds(b, a, ap, p)
+	return available
 }
 
 // decidingHolds returns, per dimension of a (under its policy ap), the
@@ -295,10 +298,59 @@ func makeCurrent(b Book, a *Account, now time.Time) {
 		key := a.Key
 		key.Generation = g
 		if r, found := b.Account(key); found {
+			rp, ok1 := b.Policy(g)
+			ap, ok2 := b.Policy(a.Key.Generation)
+			if ok1 && ok2 {
+				carryHeld(r, rp, a, ap)
+				b.AccountPut(r)
+				b.AccountPut(a)
+			}
 			owingMove(b, r, a, now)
 		}
 	}
 	b.AccountCurrentPut(subject, a.Key.Generation)
+}
+
+// carryHeld is the one rule for the subject's holds on accounts that are
+// not current (Account.HeldElsewhere), applied wherever the current
+// pointer moves (switchTo, makeCurrent), before capacity moves: from (under
+// its policy fp) is the account the pointer leaves, to (under tp) the one
+// it moves to. In each unit to limits, to counts what from counted and
+// from's own holds, less to's own holds (counted there while to was not
+// current); from counts nothing any more. A unit from does not limit
+// starts from to's own holds left out: holds in it that an account before
+// from kept are not known (the unit was left behind, openAccount).
+func carryHeld(from *Account, fp *Policy, to *Account, tp *Policy) {
+	var held Amounts
+	for j := 0; j < to.Dims && j < len(tp.Dimensions); j++ {
+		if i := fp.DimensionIndex(tp.Dimensions[j].Unit); i >= 0 && i < from.Dims {
+			held[j] = from.HeldElsewhere[i] + from.Balances[i].Reserved
+		}
+		held[j] = max(held[j]-to.Balances[j].Reserved, 0)
+	}
+	from.HeldElsewhere = Amounts{}
+	to.HeldElsewhere = held
+}
+
+// dropHeld lowers the count of holds elsewhere of cur, the subject's
+// current account (under its policy cp), by ended, what a hold on the
+// subject's account a (under ap, a itself not current when the hold
+// ended) reserved: the hold ended, so it no longer takes room from the
+// current account's burst. A count never goes below 0 (a unit left
+// behind was not counted, carryHeld). It reports whether the count
+// changed.
+func dropHeld(cur *Account, cp *Policy, a *Account, ap *Policy, ended *Amounts) bool {
+	changed := false
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if ended[i] == 0 {
+			continue
+		}
+		if j := cp.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < cur.Dims && cur.HeldElsewhere[j] > 0 {
+			cur.HeldElsewhere[j] = max(cur.HeldElsewhere[j]-ended[i], 0)
+			changed = true
+		}
+	}
+	return changed
 }
 
 // moveBetween moves from's debt and available capacity to to: the debt is
@@ -354,7 +406,7 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 		// available + reserved, so a forwarded refund must not lift the
 		// subject above it. What does not fit stays on the superseded
 		// account, where nothing is admitted.
-		if units := min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst)); units > 0 {
+		if units := min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst, to.HeldElsewhere[j])); units > 0 {
 			src.Available -= units
 			src.RetiredForMove += units
 			mint(dst, units)
@@ -393,16 +445,18 @@ func noteLeftBehind(b Book, s PolicyKey, unit string) {
 
 // moveRoom is how much available capacity a move may bring to dst, a
 // dimension whose policy bursts to burst: the burst's room above available
-// and reserved, plus dst's debt, which the units repay first.
-func moveRoom(burst Units, dst *Balance) Units {
-	return max(burst-dst.Available-dst.Reserved, 0) + dst.Debt()
+// and reserved and what the subject's other accounts hold there (held,
+// Account.HeldElsewhere), plus dst's debt, which the units repay first.
+func moveRoom(burst Units, dst *Balance, held Units) Units {
+	return max(burst-dst.Available-dst.Reserved-held, 0) + dst.Debt()
 }
 
 // DrainRoom is the room a drain has for available capacity in dimension j
 // of to, the deciding account under its policy p: to refilled to now when
 // refills is set (the ledger's Drain refills the subject's current account
 // under a generation not rolled back, on a copy, before it decides), then
-// moveRoom, the burst's room above available and reserved plus to's debt.
+// moveRoom, the burst's room above available, reserved and the holds
+// elsewhere (Account.HeldElsewhere) plus to's debt.
 // A drain moves min(available, DrainRoom) of a dimension. It reads to and
 // writes nothing. A caller that holds to as stored (the engine's
 // DrainProgress) gets the ledger's answer without the ledger's Book.
@@ -411,7 +465,7 @@ func DrainRoom(p *Policy, to *Account, j int, refills bool, now time.Time) Units
 	if refills {
 		refillDue(&refilled, p, now)
 	}
-	return moveRoom(p.Dimensions[j].Burst, &refilled.Balances[j])
+	return moveRoom(p.Dimensions[j].Burst, &refilled.Balances[j], refilled.HeldElsewhere[j])
 }
 
 // drainable reports whether moveBetween would move anything from from to
@@ -457,8 +511,21 @@ func isCurrent(b Book, a *Account) bool {
 // generation does not limit the subject is frozen and its refill repays
 // that debt at its own rate; debt the deciding generation limits moves
 // to its account when the subject switches to it.
-func forward(b Book, account *Account, kind Kind, reservationID string, now time.Time) {
+//
+// ended is what the hold that ended on account (under its policy ap)
+// reserved: the subject's current account counted it as held elsewhere
+// (Account.HeldElsewhere), and no longer does (dropHeld).
+func forward(b Book, account *Account, ap *Policy, ended *Amounts, kind Kind, reservationID string, now time.Time) {
 	subject := account.Key.SubjectKey()
+	// The current account no longer counts the hold, before anything
+	// moves the current pointer (carryHeld) or capacity (moveRoom).
+	if g, found := b.AccountCurrent(subject); found && g != account.Key.Generation {
+		key := account.Key
+		key.Generation = g
+		if cur, cp, err := accountFor(b, key); err == nil && dropHeld(cur, cp, account, ap, ended) {
+			b.AccountPut(cur)
+		}
+	}
 	p, ok := activePolicy(b, subject)
 	if !ok {
 		// Nothing admits for the subject: the capacity stays where it
@@ -576,8 +643,10 @@ func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bo
 // repayOnly it mints only what repays debt, never available capacity,
 // and a dimension whose bit is set in skip does not refill: its cursor
 // moves to now (another account refilled the subject's capacity there
-// for the time, so this one owes nothing for it later); held, when not nil, is capacity another account holds for the
-// subject in each dimension, which the burst's room leaves out.
+// for the time, so this one owes nothing for it later). The burst's room
+// leaves out the account's holds elsewhere (Account.HeldElsewhere) and
+// held, when not nil: capacity another account holds available for the
+// subject in each dimension.
 func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, held *Amounts) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
@@ -597,7 +666,7 @@ func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, hel
 		intervals := elapsed / interval
 		a.RefilledTo[i] += intervals * interval
 		bal := &a.Balances[i]
-		room := d.Burst - bal.Available - bal.Reserved
+		room := d.Burst - bal.Available - bal.Reserved - a.HeldElsewhere[i]
 		if held != nil {
 			room -= held[i]
 		}

@@ -97,13 +97,13 @@ func TestDroppedDebtRepaidByAForwardSwitchesAtOnce(t *testing.T) {
 	c.publish(policyOf(tokens(1000, 100), requests5))
 	c.must(c.reserve("a", 10, 2)) // on g0: 2 requests held, 3 available
 	c.must(c.start("a"))
-	g1 := c.publish(policyOf(tokens(1000, 100), requestsDim))
-	c.must(c.reserve("b", 100, 1)) // switches to g1 (2 requests move), 1 held
+	g1 := c.publish(policyOf(tokens(1000, 50), requests5))
+	c.must(c.reserve("b", 100, 1)) // switches to g1 (3 requests move beside a's 2), 1 held
 	c.must(c.start("b"))
-	c.must(c.settle("b", 100, 5)) // 3 requests owed on g1
+	c.must(c.settle("b", 100, 5)) // 2 requests owed on g1
 	g2 := c.publish(policyOf(tokens(1000, 100)))
-	mustFreeze(t, c.reserve("c", 10), g2, 3*time.Second)
-	c.must(c.settle("a", 10, 0)) // late refund: g0's 3 requests forwarded to g1 repay its debt
+	mustFreeze(t, c.reserve("c", 10), g2, 2*time.Second)
+	c.must(c.settle("a", 10, 0)) // late refund: g0's 2 requests forwarded to g1 repay its debt
 	c.advance(10 * time.Second)
 	if res := c.must(c.reserve("d", 10)); res.Reservation.Account.Generation != g2 {
 		t.Fatalf("admitted on %s", res.Reservation.Account)

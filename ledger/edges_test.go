@@ -96,8 +96,8 @@ func TestForwardedRefundFillsOnlyTheBurstsRoom(t *testing.T) {
 		c.must(c.reserve("a", 50))
 		c.must(c.start("a"))
 		g2 := c.publish(policyOf(tokens(60, 0)))
-		c.must(c.reserve("c", 40)) // gen 2: 50 moved in, 10 left available, 40 held
-		c.must(c.settle("a", 0))   // refunds 50 on gen 1; gen 2 has room for 10
+		c.must(c.reserve("c", 10)) // gen 2: 10 moved in (a holds 50 of its 60), 10 held
+		c.must(c.settle("a", 0))   // refunds 50 on gen 1; gen 2 has room for 50
 		got := c.account(g2).Balances[0]
 		if got.Available+got.Reserved != 60 {
 			t.Fatalf("generation %d holds %d available + %d reserved, above or below its burst 60", g2, got.Available, got.Reserved)
@@ -112,18 +112,18 @@ func TestForwardedRefundFillsOnlyTheBurstsRoom(t *testing.T) {
 		c.must(c.reserve("a", 50))
 		c.must(c.start("a"))
 		g2 := c.publish(policyOf(tokens(60, 0)))
-		c.must(c.reserve("c", 40))
-		c.must(c.reserve("b", 10))
+		c.must(c.reserve("c", 5)) // gen 2: 10 moved in (a holds 50 of its 60)
+		c.must(c.reserve("b", 5))
 		c.must(c.start("b"))
-		c.must(c.settle("b", 20)) // 10 owed on gen 2
-		c.must(c.release("c"))    // 40 available beside the debt
-		c.must(c.settle("a", 0))  // 50 refunded on gen 1: 10 repay, 20 fill up to the burst
+		c.must(c.settle("b", 15)) // 10 owed on gen 2
+		c.must(c.release("c"))    // 5 available beside the debt
+		c.must(c.settle("a", 0))  // 90 available on gen 1: 10 repay, 55 fill up to the burst
 		got := c.account(g2).Balances[0]
 		if got.Debt() != 0 || got.Available != 60 {
 			t.Fatalf("generation %d: debt %d, available %d; want 0 and its burst 60", g2, got.Debt(), got.Available)
 		}
-		if left := c.account(g1).Balances[0].Available; left != 20 {
-			t.Fatalf("generation %d kept %d available, want the 20 that did not fit", g1, left)
+		if left := c.account(g1).Balances[0].Available; left != 25 {
+			t.Fatalf("generation %d kept %d available, want the 25 that did not fit", g1, left)
 		}
 	})
 }

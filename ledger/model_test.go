@@ -142,8 +142,25 @@ func (m *refModel) active(subject string) *modelPolicy {
 	return m.activeOf(ledger.AnySubject)
 }
 
+// heldElsewhere is what the subject's other accounts (other generations')
+// hold reserved in each unit: the burst's room of the account holding the
+// subject's capacity leaves it out, so the subject never holds more than
+// one burst.
+func (m *refModel) heldElsewhere(a *modelAccount) [modelDims]int64 {
+	var held [modelDims]int64
+	for id, o := range m.accounts {
+		if id.subject == a.subject && id.generation != a.generation {
+			for i := range modelDims {
+				held[i] += o.reserved[i]
+			}
+		}
+	}
+	return held
+}
+
 // refill mints what the refill rule owes since the account's cursor: debt
-// first, then available up to the burst (available + reserved).
+// first, then available up to the burst (available + reserved + what the
+// subject holds under its other generations).
 func (m *refModel) refill(a *modelAccount, p *modelPolicy) { m.refillUpTo(a, p, false) }
 
 // refillUpTo is refill; with repayOnly it mints only what repays debt.
@@ -157,7 +174,7 @@ func (m *refModel) refillUpTo(a *modelAccount, p *modelPolicy, repayOnly bool) {
 			continue
 		}
 		a.cursor[i] = a.cursor[i].Add(time.Duration(intervals) * d.interval)
-		room := max(d.burst-a.available[i]-a.reserved[i], 0)
+		room := max(d.burst-a.available[i]-a.reserved[i]-m.heldElsewhere(a)[i], 0)
 		if repayOnly {
 			room = 0
 		}
@@ -184,7 +201,7 @@ func (m *refModel) move(from, to *modelAccount) bool {
 			from.debt[i] = 0
 			moved = true
 		}
-		room := max(burst[i].burst-to.available[i]-to.reserved[i], 0) + to.debt[i]
+		room := max(burst[i].burst-to.available[i]-to.reserved[i]-m.heldElsewhere(to)[i], 0) + to.debt[i]
 		if units := min(from.available[i], room); units > 0 {
 			from.available[i] -= units
 			repaid := min(units, to.debt[i])
@@ -297,7 +314,7 @@ func (m *refModel) retryAfter(a *modelAccount, p *modelPolicy, units [modelDims]
 		}
 		// Refill fills available only up to burst - reserved: an estimate
 		// above that waits for holds to end, which no refill brings.
-		heldUp := units[i] > a.available[i] && units[i] > d.burst-a.reserved[i]
+		heldUp := units[i] > a.available[i] && units[i] > d.burst-a.reserved[i]-m.heldElsewhere(a)[i]
 		if d.refill == 0 || heldUp {
 			if !never {
 				limiting, wait, never = i, 0, true
@@ -935,7 +952,14 @@ func (r *modelRun) compare() {
 		if !found {
 			t.Fatalf("account %v missing in the ledger", id)
 		}
+		var held [modelDims]int64
+		if r.m.isCurrent(ma) {
+			held = r.m.heldElsewhere(ma)
+		}
 		for i := range modelDims {
+			if a.HeldElsewhere[i] != held[i] {
+				t.Fatalf("account %v %s: ledger counts %d held elsewhere; model %d", id, modelUnits[i], a.HeldElsewhere[i], held[i])
+			}
 			bal := &a.Balances[i]
 			if bal.Available != ma.available[i] || bal.Reserved != ma.reserved[i] || bal.Spent != ma.spent[i] || bal.Debt() != ma.debt[i] {
 				t.Fatalf("account %v %s: ledger available %d reserved %d spent %d debt %d; model %d %d %d %d",

@@ -28,7 +28,11 @@ import (
 // moves its available capacity and debt to the new one, and every unit
 // the new one's policy does not limit is marked left_behind, whatever the
 // old account holds there, so a later generation limiting it again opens
-// it at 0 (openAccount). While the subject is frozen the deciding
+// it at 0 (openAccount); and the new one counts, as held elsewhere, the
+// holds the old one counted and the old one's own, less the new one's
+// own (carryHeld), so the subject's holds under every generation stay
+// within the current account's burst until they end (forward drops an
+// ended one's). While the subject is frozen the deciding
 // generation's account is open (settleOwing opens it), and every other
 // member moves its debt and capacity in the units it limits there at once:
 // its refill repays that debt during the freeze, and slowestOwing counts it.

@@ -296,7 +296,7 @@ func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 			continue
 		}
 		var w time.Duration
-		holds := units[i] > bal.Available && units[i] > p.Dimensions[i].Burst-bal.Reserved
+		holds := units[i] > bal.Available && units[i] > p.Dimensions[i].Burst-bal.Reserved-a.HeldElsewhere[i]
 		if !holds || mutantOn("retry_after_ignores_holds") {
 			w = refillWait(a, &p.Dimensions[i], i, shortfall, now)
 		}
@@ -742,7 +742,7 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 	b.AccountPut(a)
 	b.ReservationPut(r)
 	if !current {
-		forward(b, a, KindSettle, r.ID, now)
+		forward(b, a, p, &r.Reserved, KindSettle, r.ID, now)
 	}
 	res.Reservation, res.Refunded, res.Generation = *r, refunded, r.Account.Generation
 	return
@@ -966,7 +966,7 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 	b.AccountPut(a)
 	b.ReservationPut(r)
 	if !current {
-		forward(b, a, kind, r.ID, now)
+		forward(b, a, p, &r.Reserved, kind, r.ID, now)
 	}
 	return Result{Reservation: *r, Refunded: r.Reserved, Generation: r.Account.Generation}
 }

@@ -727,9 +727,9 @@ type remintDest struct {
 	toPolicy, fromPolicy *Policy
 	from                 *Account
 	// held is, per dimension of to, what the deciding generation's
-	// account holds in the unit when to is another account (a frozen
-	// subject's owing current one): the remint leaves room for it under
-	// the burst (heldByDeciding).
+	// account holds available in the unit when to is another account (a
+	// frozen subject's owing current one): the remint leaves room for it
+	// under the burst (heldByDeciding), as for to's holds elsewhere.
 	held Amounts
 }
 
@@ -887,7 +887,7 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 			// as refill tokens do, and is retired at once (recorded, not
 			// dropped). Capacity that was there before the remint is
 			// not touched.
-			if over := min(dst.Available+dst.Reserved+dest.held[j]-toPolicy.Dimensions[j].Burst, dst.Available-availableBefore); over > 0 {
+			if over := min(dst.Available+dst.Reserved+to.HeldElsewhere[j]+dest.held[j]-toPolicy.Dimensions[j].Burst, dst.Available-availableBefore); over > 0 {
 				dst.Available -= over
 				dst.RetiredForMove += over
 			}

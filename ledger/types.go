@@ -336,9 +336,19 @@ type Account struct {
 	Version uint64
 	// Breaches counts settles whose overuse exceeded the policy's max
 	// overdraft or came after its execution limit.
-	Breaches     int64
-	Balances     Balances
-	EpochOpening Balances
+	Breaches int64
+	Balances Balances
+	// HeldElsewhere is, per dimension, what the subject's other accounts
+	// (other generations') hold reserved in the same unit while this one
+	// is current: its refill, and what a move or a remint brings in, stay
+	// under the burst less its own holds and these (carryHeld). It is a
+	// counter, not a balance term: it is 0 on an account that is not
+	// current, moves to the new current account whenever the current
+	// pointer moves, and drops when such a hold ends (forward). Audit
+	// does not check it: a Snapshot holds no current pointer, and in a
+	// unit left behind the count is below the holds (carryHeld).
+	HeldElsewhere Amounts
+	EpochOpening  Balances
 }
 
 // Debt reports whether any dimension carries debt; an account with debt

@@ -139,6 +139,9 @@ type acctState struct {
 	holds ledger.Amounts
 	// refilledTo is the refill cursor of the account's last row.
 	refilledTo [ledger.MaxDimensions]int64
+	// heldElsewhere is what the account's last row counts as held by the
+	// subject's other accounts (ledger.Account.HeldElsewhere).
+	heldElsewhere ledger.Amounts
 }
 
 type resvState struct {
@@ -248,7 +251,7 @@ func (c *checker) changes(ch *store.Changes) {
 			c.violate(GateJournal, "account %s row %+v differs from the replay of its journal %+v", row.Key, row.Balances[:row.Dims], a.bal[:row.Dims])
 			return
 		}
-		a.refilledTo = row.RefilledTo
+		a.refilledTo, a.heldElsewhere = row.RefilledTo, row.HeldElsewhere
 		p := c.w.op.policy(row.Key.Generation)
 		if p == nil {
 			c.w.op.policiesStale = true
@@ -601,7 +604,8 @@ func (c *checker) settledDown() bool {
 
 // roomAt reports whether the subject's account under generation gen can
 // take more capacity of unit: available + reserved below the generation's
-// burst in that unit's dimension once the refill due by now is minted (or
+// burst in that unit's dimension, less what the account counts as held by
+// the subject's other accounts, once the refill due by now is minted (or
 // no account yet). Capacity moves only into its own unit's dimension, and
 // a drain that can move nothing writes nothing, not even the refill: room
 // that refill fills, or room in another dimension, is no reason to wait.
@@ -620,7 +624,7 @@ func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64, unit string) bool
 		return false
 	}
 	bal, dim := a.bal[d], p.Dimensions[d]
-	room := max(dim.Burst-bal.Available-bal.Reserved, 0)
+	room := max(dim.Burst-bal.Available-bal.Reserved-a.heldElsewhere[d], 0)
 	if dim.RefillUnits > 0 && dim.RefillInterval > 0 && !p.RolledBack {
 		if intervals := (c.w.time().UnixNano() - a.refilledTo[d]) / int64(dim.RefillInterval); intervals > 0 {
 			limit := bal.Debt() + room

@@ -7,8 +7,9 @@ import "testing"
 // Each deliberately broken ledger (ledger/mutant_on.go, and the broken
 // compactions of store/memstore/mutant_on.go, selected by
 // CAPLEDGER_MUTANT in a binary built with -tags capledger_mutants) is caught
-// within 10,000 interleavings, by the gate that names its bug, and the
-// failing seed replays to the same report. Run it with
+// within 10,000 interleavings, by the gate that names its bug (either of
+// two for a mutant whose bug both name), and the failing seed replays to
+// the same report. Run it with
 //
 //	go test -tags capledger_mutants -run TestMutants ./sim/
 func TestMutants(t *testing.T) {
@@ -34,6 +35,14 @@ func TestMutants(t *testing.T) {
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}
+	// Forgotten or untracked debt both admits while owed and is never
+	// repaid: which gate sees it first depends on whether the subject has
+	// the capacity to admit then (the holds it keeps under older
+	// generations count in it), so either gate names the bug.
+	alsoCaughtBy := map[string]Gate{
+		"dropped_debt_forgotten":        GateLiveness,
+		"dropped_debt_second_untracked": GateAdmissionWhileDebt,
+	}
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {
 			t.Setenv("CAPLEDGER_MUTANT", m.name)
@@ -47,7 +56,7 @@ func TestMutants(t *testing.T) {
 			if found == nil {
 				t.Fatalf("mutant %s survived 10,000 interleavings", m.name)
 			}
-			if found.Gate != m.gate {
+			if also, ok := alsoCaughtBy[m.name]; found.Gate != m.gate && (!ok || found.Gate != also) {
 				t.Errorf("mutant %s caught by gate %s, want %s:\n%s", m.name, found.Gate, m.gate, found.Report())
 			}
 			again := RunOne(&cfg, found.Seed).Violation

@@ -108,7 +108,7 @@ const accountSelectColumns = `SELECT a.id, a.subject, a.route, a.region, a.gener
 	a.breaches, a.version, t.dim, t.opening, t.minted, t.overdraft_issued, t.available, t.reserved, t.spent,
 	t.retired_for_emergency, t.retired_for_move, t.overdraft_repaid, t.epoch_opening, t.epoch_minted,
 	t.epoch_overdraft_issued, t.epoch_available, t.epoch_reserved, t.epoch_spent,
-	t.epoch_retired_for_emergency, t.epoch_retired_for_move, t.epoch_overdraft_repaid, t.refilled_to`
+	t.epoch_retired_for_emergency, t.epoch_retired_for_move, t.epoch_overdraft_repaid, t.refilled_to, t.held_elsewhere`
 
 // scanAccounts assembles accounts from accountSelect rows ordered by
 // account, then dimension, and closes rows. It also returns how many
@@ -126,14 +126,14 @@ func scanAccounts(rows pgx.Rows) ([]ledger.Account, []int, error) {
 			dims, dim                                     int16
 			key                                           ledger.AccountKey
 			bal, open                                     ledger.Balance
-			refilledTo                                    int64
+			refilledTo, held                              int64
 		)
 		if err := rows.Scan(&id, &key.Subject, &key.Route, &key.Region, &generation, &dims, &epochStart,
 			&breaches, &version, &dim,
 			&bal.Opening, &bal.Minted, &bal.OverdraftIssued, &bal.Available, &bal.Reserved, &bal.Spent,
 			&bal.RetiredForEmergency, &bal.RetiredForMove, &bal.OverdraftRepaid,
 			&open.Opening, &open.Minted, &open.OverdraftIssued, &open.Available, &open.Reserved, &open.Spent,
-			&open.RetiredForEmergency, &open.RetiredForMove, &open.OverdraftRepaid, &refilledTo); err != nil {
+			&open.RetiredForEmergency, &open.RetiredForMove, &open.OverdraftRepaid, &refilledTo, &held); err != nil {
 			return nil, nil, err
 		}
 		if id != lastID {
@@ -152,7 +152,7 @@ func scanAccounts(rows pgx.Rows) ([]ledger.Account, []int, error) {
 		if dim < 0 || int(dim) >= ledger.MaxDimensions {
 			return nil, nil, fmt.Errorf("account %s: %w: dimension %d", a.Key, codec.ErrCorrupt, dim)
 		}
-		a.Balances[dim], a.EpochOpening[dim], a.RefilledTo[dim] = bal, open, refilledTo
+		a.Balances[dim], a.EpochOpening[dim], a.RefilledTo[dim], a.HeldElsewhere[dim] = bal, open, refilledTo, held
 		nrows[len(nrows)-1]++
 	}
 	return out, nrows, rows.Err()

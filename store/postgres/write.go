@@ -104,7 +104,7 @@ var (
 		for _, n := range termNames {
 			cols = append(cols, col("epoch_"+n, "bigint"))
 		}
-		return append(cols, col("refilled_to", "bigint"))
+		return append(cols, col("refilled_to", "bigint"), col("held_elsewhere", "bigint"))
 	}()
 	currentColumns = []column{col("subject", "text"), col("route", "text"), col("region", "text"),
 		col("generation", "bigint")}
@@ -366,7 +366,7 @@ func (t *tx) writeHeads(w *batchWriter, heads []ledger.PolicyHead) {
 func usedDims(a *ledger.Account) int {
 	n := max(a.Dims, 1)
 	for d := ledger.MaxDimensions - 1; d >= n; d-- {
-		if a.Balances[d] != (ledger.Balance{}) || a.EpochOpening[d] != (ledger.Balance{}) || a.RefilledTo[d] != 0 {
+		if a.Balances[d] != (ledger.Balance{}) || a.EpochOpening[d] != (ledger.Balance{}) || a.RefilledTo[d] != 0 || a.HeldElsewhere[d] != 0 {
 			return d + 1
 		}
 	}
@@ -408,7 +408,7 @@ func (t *tx) writeAccounts(w *batchWriter, accounts []ledger.Account) {
 		generation             []int64
 		dim                    []int16
 		terms                  [2 * 9][]int64
-		refilledTo             []int64
+		refilledTo, held       []int64
 		trimS                  [3][]string
 		trimG                  []int64
 		trimN                  []int16
@@ -426,7 +426,7 @@ func (t *tx) writeAccounts(w *batchWriter, accounts []ledger.Account) {
 			for j, v := range balanceTerms(&a.EpochOpening[d]) {
 				terms[9+j] = append(terms[9+j], v)
 			}
-			refilledTo = append(refilledTo, a.RefilledTo[d])
+			refilledTo, held = append(refilledTo, a.RefilledTo[d]), append(held, a.HeldElsewhere[d])
 		}
 		// Rows past n exist only if the account was wider before; drop
 		// them when this transaction saw more, or never read the account.
@@ -440,7 +440,7 @@ func (t *tx) writeAccounts(w *batchWriter, accounts []ledger.Account) {
 	for j := range terms {
 		args = append(args, terms[j])
 	}
-	args = append(args, refilledTo)
+	args = append(args, refilledTo, held)
 	w.queue("account terms", sqlTermsUpsert, args...)
 	if len(trimG) > 0 {
 		w.queueLookup("account terms", sqlTermsTrim, trimS[0], trimS[1], trimS[2], trimG, trimN)

@@ -24,7 +24,7 @@ import (
 var accountUpdateCols = []struct {
 	name string
 	arg  int
-}{{"dims", 5}, {"balances", 6}, {"epoch_start", 7}, {"epoch_opening", 8}, {"refilled_to", 9}, {"breaches", 10}, {"version", 11}}
+}{{"dims", 5}, {"balances", 6}, {"epoch_start", 7}, {"epoch_opening", 8}, {"refilled_to", 9}, {"breaches", 10}, {"version", 11}, {"held_elsewhere", 12}}
 
 // accountKeyArgs are the positions in accountArgs of what the short UPDATE
 // matches: the key.

@@ -268,6 +268,7 @@ type accountScanner struct {
 	keys                               keyScanner
 	dims, epochStart, ver              int64
 	balances, epochOpening, refilledTo sql.RawBytes
+	held                               sql.RawBytes
 	breaches                           int64
 	subject                            string
 	generation                         int64
@@ -280,7 +281,7 @@ func (as *accountScanner) scan(sc scanner) (ledger.Account, error) {
 	)
 	ks := &as.keys
 	err := sc.Scan(&as.subject, &ks.route, &ks.region, &as.generation, &as.dims, &as.balances, &as.epochStart,
-		&as.epochOpening, &as.refilledTo, &as.breaches, &as.ver)
+		&as.epochOpening, &as.refilledTo, &as.breaches, &as.ver, &as.held)
 	if err != nil {
 		return a, err
 	}
@@ -300,6 +301,7 @@ func (as *accountScanner) scan(sc scanner) (ledger.Account, error) {
 	a.RefilledTo = c.Amounts(as.refilledTo)
 	a.Breaches = as.breaches
 	a.Version = c.Uint(as.ver)
+	a.HeldElsewhere = heldElsewhereOf(&c, as.held)
 	return a, c.Err()
 }
 

@@ -277,7 +277,8 @@ var accountCodec = packedCodec[ledger.AccountKey, ledger.Account]{
 		b = binary.AppendVarint(b, a.Breaches)
 		b = appendPackedInts(b, a.RefilledTo[:])
 		b = appendPackedBalances(b, &a.Balances)
-		return appendPackedBalances(b, &a.EpochOpening)
+		b = appendPackedBalances(b, &a.EpochOpening)
+		return appendPackedInts(b, a.HeldElsewhere[:])
 	},
 	decodeRow: func(b string, key ledger.AccountKey) (*ledger.Account, error) {
 		r := packedReader{b: b}
@@ -291,6 +292,7 @@ var accountCodec = packedCodec[ledger.AccountKey, ledger.Account]{
 		r.ints(a.RefilledTo[:])
 		r.balances(&a.Balances)
 		r.balances(&a.EpochOpening)
+		r.ints(a.HeldElsewhere[:])
 		if r.err == nil && len(r.b) != 0 {
 			r.err = errors.New("packed row: bytes past the account")
 		}

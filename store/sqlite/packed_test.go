@@ -28,6 +28,7 @@ func fullAccount() ledger.Account {
 	v := int64(1)
 	for d := range ledger.MaxDimensions {
 		a.RefilledTo[d] = 1764720000000000000 + int64(d)
+		a.HeldElsewhere[d] = math.MaxInt64 - int64(d)
 		for _, bs := range []*ledger.Balances{&a.Balances, &a.EpochOpening} {
 			for i, term := range balanceTerms(&bs[d]) {
 				switch i % 3 {

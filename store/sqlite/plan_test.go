@@ -79,9 +79,9 @@ func TestQueriesUseIndexes(t *testing.T) {
 		{"reservations' short update, one row", writeSQL[wReservationUpdateRows+len(chunkSizes)-1],
 			"SEARCH reservations USING PRIMARY KEY (id=?)", make([]any, 11)},
 		{"accounts' short update, many rows", writeSQL[wAccountUpdateRows],
-			"SEARCH accounts USING PRIMARY KEY (subject=? AND route=? AND region=? AND generation=?)", make([]any, 64*11)},
+			"SEARCH accounts USING PRIMARY KEY (subject=? AND route=? AND region=? AND generation=?)", make([]any, 64*12)},
 		{"accounts' short update, one row", writeSQL[wAccountUpdateRows+len(chunkSizes)-1],
-			"SEARCH accounts USING PRIMARY KEY (subject=? AND route=? AND region=? AND generation=?)", make([]any, 11)},
+			"SEARCH accounts USING PRIMARY KEY (subject=? AND route=? AND region=? AND generation=?)", make([]any, 12)},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
 		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {

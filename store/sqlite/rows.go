@@ -13,7 +13,7 @@ const (
 	policyCols = "generation, subject, route, region, dimensions, estimator_digest, hold_ttl_ns, execution_limit_ns, " +
 		"priority, fairness_weight, fairness_budget, emergency_mode, rollout, epoch_length_ns, published_at, rolled_back"
 	headCols        = "subject, route, region, active, latest"
-	accountCols     = "subject, route, region, generation, dims, balances, epoch_start, epoch_opening, refilled_to, breaches, version"
+	accountCols     = accountColsV22 + ", held_elsewhere"
 	currentCols     = "subject, route, region, generation"
 	reservationCols = "id, request_digest, subject, route, region, generation, accounting_epoch, reserved, actual, overdraft, " +
 		"operation_id, state, created_at, expires_at, started_at, execution_deadline, unknown_at, finished_at, breach"
@@ -23,6 +23,10 @@ const (
 		"key_id, signature, reconciled"
 	statementCols = "subject, route, region, generation, epoch_start, epoch_end, dims, opening, closing"
 	journalCols   = "at, kind, subject, route, region, generation, reservation_id, from_state, to_state, receipt_id, delta"
+	// accountColsV22 are the account columns up to schema version 22,
+	// before held_elsewhere: what a migration step before 23 reads (with
+	// NULL in its place) and an earlier binary wrote.
+	accountColsV22 = "subject, route, region, generation, dims, balances, epoch_start, epoch_opening, refilled_to, breaches, version"
 )
 
 // insertSQL returns an INSERT of one row of cols (plus extra) into table.
@@ -117,8 +121,8 @@ func scanHead(sc scanner) (ledger.PolicyHead, error) {
 }
 
 func accountArgs(a *ledger.Account, c *codec.Conv) []any {
-	// Room for the 11 values and accountPutArgs' epoch_indexed.
-	return appendAccountArgs(make([]any, 0, 12), a, c)
+	// Room for the 12 values and accountPutArgs' epoch_indexed.
+	return appendAccountArgs(make([]any, 0, 13), a, c)
 }
 
 // appendAccountArgs appends accountArgs(a, c) to args without making a
@@ -127,7 +131,25 @@ func appendAccountArgs(args []any, a *ledger.Account, c *codec.Conv) []any {
 	refilled := ledger.Amounts(a.RefilledTo)
 	return append(args, a.Key.Subject, a.Key.Route, a.Key.Region, c.Int(a.Key.Generation), int64(a.Dims),
 		codec.EncodeBalances(&a.Balances), c.Nanos(a.EpochStart), codec.EncodeBalances(&a.EpochOpening),
-		codec.EncodeAmounts(&refilled), a.Breaches, c.Int(a.Version))
+		codec.EncodeAmounts(&refilled), a.Breaches, c.Int(a.Version), heldElsewhereArg(&a.HeldElsewhere))
+}
+
+// heldElsewhereArg binds an account's held_elsewhere (schema version 23):
+// NULL when it counts nothing, as every account that is not its
+// subject's current one, and every row written before the column.
+func heldElsewhereArg(held *ledger.Amounts) any {
+	if *held == (ledger.Amounts{}) {
+		return nil
+	}
+	return codec.EncodeAmounts(held)
+}
+
+// heldElsewhereOf decodes held_elsewhere: NULL is 0 in every dimension.
+func heldElsewhereOf(c *codec.Conv, src []byte) ledger.Amounts {
+	if src == nil {
+		return ledger.Amounts{}
+	}
+	return c.Amounts(src)
 }
 
 func scanAccount(sc scanner) (ledger.Account, error) {
@@ -136,9 +158,10 @@ func scanAccount(sc scanner) (ledger.Account, error) {
 		c                                  codec.Conv
 		generation, dims, epochStart, ver  int64
 		balances, epochOpening, refilledTo []byte
+		held                               []byte
 	)
 	err := sc.Scan(&a.Key.Subject, &a.Key.Route, &a.Key.Region, &generation, &dims, &balances, &epochStart,
-		&epochOpening, &refilledTo, &a.Breaches, &ver)
+		&epochOpening, &refilledTo, &a.Breaches, &ver, &held)
 	if err != nil {
 		return a, err
 	}
@@ -149,6 +172,7 @@ func scanAccount(sc scanner) (ledger.Account, error) {
 	a.EpochOpening = c.Balances(epochOpening)
 	a.RefilledTo = c.Amounts(refilledTo)
 	a.Version = c.Uint(ver)
+	a.HeldElsewhere = heldElsewhereOf(&c, held)
 	return a, c.Err()
 }
 

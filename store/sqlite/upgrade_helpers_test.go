@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"testing"
 
 	"github.com/capledger/capledger/ledger"
@@ -45,12 +46,14 @@ func dbAtSchema(t *testing.T, path string, version int) *sql.DB {
 }
 
 // insertAccountAt writes a into the accounts table of db, a file of an
-// earlier schema, as the earlier binary did: accountCols with extraCols
-// (", name, ..." of columns it had besides) set to extra.
+// earlier schema (before version 23), as the earlier binary did:
+// accountCols but held_elsewhere with extraCols (", name, ..." of columns
+// it had besides) set to extra.
 func insertAccountAt(t *testing.T, db *sql.DB, a *ledger.Account, extraCols string, extra ...any) {
 	t.Helper()
 	var conv codec.Conv
-	if _, err := db.Exec(insertSQL("accounts", accountCols+extraCols), append(accountArgs(a, &conv), extra...)...); err != nil {
+	args := accountArgs(a, &conv)[:len(strings.Split(accountColsV22, ", "))]
+	if _, err := db.Exec(insertSQL("accounts", accountColsV22+extraCols), append(args, extra...)...); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -68,6 +68,8 @@ func fixtureAccounts() []ledger.Account {
 		EpochOpening: ledger.Balances{{Opening: 1000, Available: 1000}, {Opening: 10, Available: 9, Reserved: 1}},
 		RefilledTo:   [ledger.MaxDimensions]int64{at(-time.Second).UnixNano(), at(-6 * time.Second).UnixNano()},
 		Breaches:     2, Version: 17,
+		// Counted as the subject's current account, in one of its units.
+		HeldElsewhere: ledger.Amounts{0, 1},
 	}
 	a2 := ledger.Account{
 		Key: accEU2, Dims: 3,
@@ -76,6 +78,8 @@ func fixtureAccounts() []ledger.Account {
 		EpochOpening: ledger.Balances{fullBalance(1), fullBalance(2), fullBalance(3)},
 		RefilledTo:   [ledger.MaxDimensions]int64{at(0).UnixNano(), at(0).UnixNano(), at(-time.Minute).UnixNano()},
 		Version:      1,
+		// Counted in a dimension past the first, as stored with none before.
+		HeldElsewhere: ledger.Amounts{0, 0, 1 << 40},
 	}
 	a3 := ledger.Account{
 		Key: accOther, Dims: 1,
