@@ -432,8 +432,11 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 // was, never removed. openAccount
 // reads it only when it opens an account, at a switch.
 func metaLeftBehind(s PolicyKey, unit string) string {
-	return "left_behind/" + metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region) + "/" + metaNamePart(unit)
+	return LeftBehindNamesOf(s) + metaNamePart(unit)
 }
+
+// MetaLeftBehindPrefix begins every left_behind name (metaLeftBehind).
+const MetaLeftBehindPrefix = "left_behind/"
 
 // noteLeftBehind marks the subject's unit as left behind (metaLeftBehind),
 // writing the row only the first time.

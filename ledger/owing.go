@@ -54,8 +54,12 @@ const MetaOwingPrefix = "owing/"
 
 // metaOwing is the Meta name of the subject's owing-set size; each part
 // is escaped (metaNamePart), so no subject's name is another's prefix.
-func metaOwing(s PolicyKey) string {
-	return MetaOwingPrefix + metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region)
+func metaOwing(s PolicyKey) string { return MetaOwingPrefix + subjectNameParts(s) }
+
+// subjectNameParts names the subject inside a Meta name: its three key
+// parts escaped (metaNamePart), so no part holds a "/".
+func subjectNameParts(s PolicyKey) string {
+	return metaNamePart(s.Subject) + "/" + metaNamePart(s.Route) + "/" + metaNamePart(s.Region)
 }
 
 // metaOwingAt is the Meta name of the set's i-th generation.
@@ -565,6 +569,28 @@ func OwingSetOf(name string) (set string, ok bool) {
 		return "", false
 	}
 	return strings.Join(parts[:4], "/"), true
+}
+
+// LeftBehindNamesOf returns what the name of every left_behind row of the
+// subject (metaLeftBehind) begins with; the unit's part follows. No other
+// subject's row name begins with it.
+func LeftBehindNamesOf(subject PolicyKey) string {
+	return MetaLeftBehindPrefix + subjectNameParts(subject) + "/"
+}
+
+// OwingSetOfLeftBehind returns the owing set (OwingMetaName) of the
+// subject whose left_behind row name is; ok is false when name is no
+// left_behind row.
+func OwingSetOfLeftBehind(name string) (set string, ok bool) {
+	rest, ok := strings.CutPrefix(name, MetaLeftBehindPrefix)
+	if !ok {
+		return "", false
+	}
+	parts := strings.SplitN(rest, "/", 4) // subject, route, region, unit
+	if len(parts) != 4 {
+		return "", false
+	}
+	return MetaOwingPrefix + strings.Join(parts[:3], "/"), true
 }
 
 // BringToNowAsShown brings the subject's accounts in b, a scratch book

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/capledger/capledger/ledger"
@@ -29,6 +30,31 @@ func TestOwingSetOfNamesTheSetOfItsRows(t *testing.T) {
 		got, ok := ledger.OwingSetOf(c.name)
 		if got != c.set || ok != c.ok {
 			t.Errorf("OwingSetOf(%q) = %q, %v; want %q, %v", c.name, got, ok, c.set, c.ok)
+		}
+	}
+}
+
+// A subject's left_behind rows begin with LeftBehindNamesOf, no other
+// subject's do, and OwingSetOfLeftBehind names the subject's owing set
+// from one: a store locks them with that set (store/postgres).
+func TestLeftBehindNamesBelongToTheirSubject(t *testing.T) {
+	slashed := ledger.PolicyKey{Subject: "team/a", Route: "chat/gen", Region: "eu"}
+	longer := ledger.PolicyKey{Subject: "team/a", Route: "chat/gen", Region: "eu-west"}
+	for _, s := range []ledger.PolicyKey{slashed, longer} {
+		name := ledger.MetaLeftBehind(s, "images/hd")
+		if !strings.HasPrefix(name, ledger.LeftBehindNamesOf(s)) {
+			t.Errorf("%q does not begin with its subject's %q", name, ledger.LeftBehindNamesOf(s))
+		}
+		if set, ok := ledger.OwingSetOfLeftBehind(name); !ok || set != ledger.OwingMetaName(s) {
+			t.Errorf("OwingSetOfLeftBehind(%q) = %q, %v; want %q", name, set, ok, ledger.OwingMetaName(s))
+		}
+	}
+	if strings.HasPrefix(ledger.MetaLeftBehind(longer, "tokens"), ledger.LeftBehindNamesOf(slashed)) {
+		t.Errorf("a subject's left_behind row begins with another subject's prefix")
+	}
+	for _, name := range []string{ledger.OwingMetaName(slashed), "left_behind/t/r", "shard_unknown/s/r/u"} {
+		if set, ok := ledger.OwingSetOfLeftBehind(name); ok {
+			t.Errorf("OwingSetOfLeftBehind(%q) = %q, true; want no left_behind row", name, set)
 		}
 	}
 }

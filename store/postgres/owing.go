@@ -14,7 +14,7 @@ import (
 
 // owingLocked is what a transaction locked of its subjects' owing sets
 // (ledger.OwingMetaName and the rows under it) and, with each set, of the
-// subject's left_behind rows (leftBehindOf): the sets' names, and the
+// subject's left_behind rows (ledger.LeftBehindNamesOf): the sets' names, and the
 // rows found, by name, kept as the transaction's own Writes leave them.
 type owingLocked struct {
 	bases map[string]bool
@@ -62,40 +62,18 @@ func (o *owingLocked) owes(subject ledger.PolicyKey) bool {
 	return o.rows[ledger.OwingMetaName(subject)] > 0
 }
 
-// metaLeftBehindPrefix begins the names of the ledger's left_behind Meta
-// rows ("left_behind/", a subject's three escaped key parts, its unit:
-// ledger/account.go, metaLeftBehind): a subject's capacity in the unit was
-// left behind on an account. A move away from an account reads it (and
-// writes it once), a switch opening an account reads it: after the
-// subject's accounts were locked. Locked with the subject's owing set,
-// after its rows (rankLeftBehind), before the accounts, they are read in
-// lock order.
-const metaLeftBehindPrefix = "left_behind/"
-
-// leftBehindOf returns the prefix of subject's left_behind rows' names:
-// the escaped parts of its owing-set name (ledger.OwingMetaName after
-// ledger.MetaOwingPrefix) between metaLeftBehindPrefix and "/", which no
-// other subject's names begin with (a part holds no "/").
-func leftBehindOf(subject ledger.PolicyKey) string {
-	return metaLeftBehindPrefix + strings.TrimPrefix(ledger.OwingMetaName(subject), ledger.MetaOwingPrefix) + "/"
-}
-
 // lockedWithSet returns the owing set locked with the Meta row name: the
 // set itself, or the one it is a row of (ledger.OwingSetOf), or, for a
-// left_behind row, its subject's; ok is false for any other row.
+// left_behind row (ledger.MetaLeftBehindPrefix), its subject's: a move
+// away from an account reads it (and writes it once), a switch opening an
+// account reads it, after the subject's accounts were locked. Locked with
+// the subject's owing set, after its rows (rankLeftBehind), before the
+// accounts, they are read in lock order. ok is false for any other row.
 func lockedWithSet(name string) (set string, ok bool) {
 	if set, ok := ledger.OwingSetOf(name); ok {
 		return set, true
 	}
-	rest, ok := strings.CutPrefix(name, metaLeftBehindPrefix)
-	if !ok {
-		return "", false
-	}
-	parts := strings.SplitN(rest, "/", 4) // subject, route, region, unit
-	if len(parts) != 4 {
-		return "", false
-	}
-	return ledger.MetaOwingPrefix + parts[0] + "/" + parts[1] + "/" + parts[2], true
+	return ledger.OwingSetOfLeftBehind(name)
 }
 
 // lockOwingSQL reads and locks, for the owing sets named as parallel
@@ -159,7 +137,7 @@ func (t *tx) owingLookup(subjects []ledger.PolicyKey) *owingSetsLookup {
 	for _, k := range subjects {
 		if base := ledger.OwingMetaName(k); !t.owing.bases[base] {
 			bases = append(bases, base)
-			leftBehind = append(leftBehind, leftBehindOf(k))
+			leftBehind = append(leftBehind, ledger.LeftBehindNamesOf(k))
 		}
 	}
 	if len(bases) == 0 {
@@ -235,7 +213,7 @@ func (t *tx) accountAndOwing(ctx context.Context, key ledger.AccountKey, mode lo
 		return t.s.accountGet(ctx, t.tx, key, mode)
 	}
 	b := &pgx.Batch{}
-	leftBehind := leftBehindOf(key.SubjectKey()) // after the set's rows: rankLeftBehind
+	leftBehind := ledger.LeftBehindNamesOf(key.SubjectKey()) // after the set's rows: rankLeftBehind
 	b.Queue(lockOwingOneSQL+owingLockMode.clause(""), base, base+"/", store.PrefixEnd(base+"/"))
 	b.Queue(lockOwingOneSQL+owingLockMode.clause(""), leftBehind, leftBehind, store.PrefixEnd(leftBehind))
 	b.Queue(accountByKeySQL+mode.clause("a, t"), key.Subject, key.Route, key.Region, g)

@@ -49,7 +49,7 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 // AccountGet): for a subject that owes they are the gate its accounts are
 // locked behind, and the owing accounts a command of the subject then
 // locks, in any order, are held by no other transaction. A subject's
-// left_behind rows (metaLeftBehindPrefix), read when a move leaves one of
+// left_behind rows (ledger.MetaLeftBehindPrefix), read when a move leaves one of
 // its accounts or a switch opens one, after its accounts, are locked with
 // its owing set, ranked after every owing row (a command may read its
 // subject's owing rows before any account, one by one) and before the
@@ -91,7 +91,7 @@ func metaRow(name string) rowKey {
 	if strings.HasPrefix(name, ledger.MetaOwingPrefix) {
 		return rowKey{rank: rankOwing, a: name}
 	}
-	if strings.HasPrefix(name, metaLeftBehindPrefix) {
+	if strings.HasPrefix(name, ledger.MetaLeftBehindPrefix) {
 		return rowKey{rank: rankLeftBehind, a: name}
 	}
 	return rowKey{rank: rankMeta, a: name}
