@@ -221,11 +221,15 @@ func (s *Snapshot) auditMoveAmounts(receipts moveEnds, policies map[uint64]*Poli
 // is reported too.
 func moveConservation(out []Discrepancy, m *Move, seen *moveSeen, fp, tp *Policy) []Discrepancy {
 	add := func(at AccountKey, format string, args ...any) {
-		out = append(out, Discrepancy{Check: CheckMoveAmounts, Account: at.String(),
+		acc := ""
+		if at != (AccountKey{}) {
+			acc = at.String()
+		}
+		out = append(out, Discrepancy{Check: CheckMoveAmounts, Account: acc,
 			Detail: fmt.Sprintf("move %s (%s): ", m.ReceiptID, m.Kind) + fmt.Sprintf(format, args...)})
 	}
 	if seen.other > 0 {
-		add(AccountKey{}, "journaled at %d accounts that are neither its source nor its destination", seen.other)
+		add(AccountKey{}, "%d entries name it at accounts that are neither its source nor its destination", seen.other)
 	}
 	remint := m.Kind == MoveShardRemint
 	srcJournaled := seen.from > 0
