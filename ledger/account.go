@@ -406,10 +406,14 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 		// available + reserved, so a forwarded refund must not lift the
 		// subject above it. What does not fit stays on the superseded
 		// account, where nothing is admitted.
-		if units := min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst, to.HeldElsewhere[j])); units > 0 {
+		room := moveRoom(toPolicy.Dimensions[j].Burst, dst, to.HeldElsewhere[j])
+		if units := min(src.Available, room); units > 0 {
 			src.Available -= units
 			src.RetiredForMove += units
 			mint(dst, units)
+			if units < room && mutantOn("move_mints_one") {
+				mint(dst, 1)
+			}
 			move.Units[i] = units
 			moved = true
 		}

@@ -201,7 +201,9 @@ func checkBalance(b *Balance) error {
 //     no reservation was refunded twice (each life of an id, reused after
 //     its tombstone was forgotten, ends once), no id was admitted again
 //     after it ended without a forget entry between (its tombstone still
-//     answered for it), every move is journaled at both ends;
+//     answered for it), every move is journaled once at both ends, and
+//     what left its source arrived at its destination, in each unit
+//     (moveConservation);
 //   - statements chain: each epoch opens with the previous closing;
 //   - the checkpoint chain verifies (VerifyCheckpoints), and the journal
 //     since the last checkpoint replays from its closing vectors.
@@ -492,22 +494,40 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		var summarised int64
 		for i := range s.Moves {
 			m := &s.Moves[i]
-			ends := receipts.ends[m.ReceiptID]
-			if ends == nil && last != nil {
+			seen := receipts.seen(m.ReceiptID)
+			if seen == nil && last != nil {
 				summarised++
 				continue
 			}
-			if m.Kind != MoveShardRemint && !ends[m.From] {
-				add(CheckMove, m.From, "", "move %s not journaled at its source", m.ReceiptID)
+			if seen == nil {
+				seen = &moveSeen{}
 			}
-			if !ends[m.To] {
+			// A remint is journaled at its source only when it charges
+			// debt there; one whose source is its destination counts as
+			// the destination's.
+			switch {
+			case m.Kind != MoveShardRemint && seen.from == 0:
+				add(CheckMove, m.From, "", "move %s not journaled at its source", m.ReceiptID)
+			case seen.from > 1:
+				add(CheckMove, m.From, "", "move %s journaled %d times at its source", m.ReceiptID, seen.from)
+			}
+			switch {
+			case seen.to == 0:
 				add(CheckMove, m.To, "", "move %s not journaled at its destination", m.ReceiptID)
+			case seen.to > 1:
+				add(CheckMove, m.To, "", "move %s journaled %d times at its destination", m.ReceiptID, seen.to)
 			}
 		}
 		if last != nil && summarised != last.Moves {
 			add(CheckMove, AccountKey{}, "", "%d moves are not in the journal since checkpoint %d, which summarises %d",
 				summarised, last.Seq, last.Moves)
 		}
+		// What left each move's source arrived at its destination, in
+		// each unit, when the journal since the last checkpoint holds
+		// the move (moveConservation).
+		found, err := s.auditMoveAmounts(receipts, policies)
+		out = append(out, found...)
+		readErr("policies", err)
 	}
 	if o.Progress != nil {
 		o.Progress(rows)
@@ -572,52 +592,6 @@ type life struct {
 type rebornID struct {
 	id string
 	at int64
-}
-
-// moveEnds are the accounts whose journal since the last checkpoint
-// names each stored move's receipt, for the audit's check that a move is
-// journaled at both ends. Only the receipts of the snapshot's moves are
-// kept: other entries name a receipt too (every account's opening names
-// "open", a shard issue its shard), and keeping those cost about 110
-// bytes per account opened since the last checkpoint, its subject
-// included, for the whole audit (docs/PERFORMANCE.md, a million
-// tenants).
-type moveEnds struct {
-	ends map[string]map[AccountKey]bool // receipt id -> accounts; a key per move
-}
-
-func newMoveEnds(moves []Move) moveEnds {
-	m := moveEnds{ends: make(map[string]map[AccountKey]bool, len(moves))}
-	for i := range moves {
-		m.ends[moves[i].ReceiptID] = nil
-	}
-	return m
-}
-
-// note records e's account as an end of the move e's receipt names, if
-// it names one.
-func (m moveEnds) note(e *JournalEntry) {
-	if e.ReceiptID == "" {
-		return
-	}
-	accounts, isMove := m.ends[e.ReceiptID]
-	if !isMove {
-		return
-	}
-	if accounts == nil {
-		accounts = map[AccountKey]bool{}
-		m.ends[e.ReceiptID] = accounts
-	}
-	accounts[e.Account] = true
-}
-
-// held counts the accounts recorded (tests).
-func (m moveEnds) held() int {
-	n := 0
-	for _, accounts := range m.ends {
-		n += len(accounts)
-	}
-	return n
 }
 
 // sums are what an audit adds up per account from the reservations, what

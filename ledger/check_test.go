@@ -109,6 +109,25 @@ func TestAuditCatchesBrokenRows(t *testing.T) {
 			}
 			m.Journal = kept
 		}},
+		{"move journaled twice at its destination", ledger.CheckMove, func(t *testing.T, m *ledger.Memory) {
+			for _, e := range m.Journal {
+				if e.Kind == ledger.KindDrain && e.Account.Generation == 2 {
+					m.Journal = append(m.Journal, e) // the move applied a second time there
+					return
+				}
+			}
+			t.Fatal("no move in the journal")
+		}},
+		{"move journaled at a third account", ledger.CheckMoveAmounts, func(t *testing.T, m *ledger.Memory) {
+			for _, e := range m.Journal {
+				if e.Kind == ledger.KindDrain {
+					e.Account.Subject = "someone-else" // a third account credited under the move's receipt
+					m.Journal = append(m.Journal, e)
+					return
+				}
+			}
+			t.Fatal("no move in the journal")
+		}},
 		{"epoch opens elsewhere than the last closed", ledger.CheckStatement, func(t *testing.T, m *ledger.Memory) {
 			m.Statements[0].Closing[0].Opening++
 			m.Statements[0].Closing[0].Available++

@@ -179,23 +179,23 @@ func TestCheckpointKeepsEntriesOfAMissingAccount(t *testing.T) {
 // issue its shard, and keeping those held a map entry and a subject per
 // account opened since the last checkpoint for the whole audit.
 func TestMoveEndsKeepOnlyMoves(t *testing.T) {
-	m := newMoveEnds([]Move{{ReceiptID: "move-1"}, {ReceiptID: "move-2"}})
+	from, to := AccountKey{Subject: "t1", Route: "r", Generation: 1}, AccountKey{Subject: "t1", Route: "r", Generation: 2}
+	m := newMoveEnds([]Move{{ReceiptID: "move-1", From: from, To: to}, {ReceiptID: "move-2"}})
 	for i := range 1000 {
 		m.note(&JournalEntry{Kind: KindReserve, Account: AccountKey{Subject: fmt.Sprintf("t%d", i), Route: "r", Generation: 1}, ReceiptID: "open"})
 	}
 	m.note(&JournalEntry{Kind: KindShardIssue, Account: AccountKey{Subject: "t1", Route: "r", Generation: 1}, ReceiptID: "shard-1"})
 	m.note(&JournalEntry{Kind: KindReserve, Account: AccountKey{Subject: "t2", Route: "r", Generation: 1}})
-	from, to := AccountKey{Subject: "t1", Route: "r", Generation: 1}, AccountKey{Subject: "t1", Route: "r", Generation: 2}
 	m.note(&JournalEntry{Kind: KindDrain, Account: from, ReceiptID: "move-1"})
 	m.note(&JournalEntry{Kind: KindDrain, Account: to, ReceiptID: "move-1"})
-	if got := m.held(); got != 2 {
-		t.Fatalf("%d accounts held; want the 2 ends of move-1", got)
+	if got := m.held(); got != 1 {
+		t.Fatalf("%d receipts held; want move-1's", got)
 	}
-	if ends := m.ends["move-1"]; !ends[from] || !ends[to] {
-		t.Fatalf("move-1's ends: %v", ends)
+	if seen := m.seen("move-1"); seen == nil || seen.from != 1 || seen.to != 1 || seen.other != 0 {
+		t.Fatalf("move-1's ends: %+v", seen)
 	}
-	if ends := m.ends["move-2"]; ends != nil {
-		t.Fatalf("move-2, never journaled, has ends %v", ends)
+	if seen := m.seen("move-2"); seen != nil {
+		t.Fatalf("move-2, never journaled, has ends %+v", seen)
 	}
 }
 

@@ -52,6 +52,9 @@ import (
 //   - shard_dropped_debt_skipped: a shard's usage beyond its allocation in
 //     a unit the remint's destination does not limit is charged nowhere
 //     (the behaviour before it was charged to the shard's own account).
+//   - move_mints_one: a move (switch, forward, drain) mints one unit more
+//     at its destination than left its source, where the destination's
+//     burst has room for it (each account's own books still balance).
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -71,7 +74,7 @@ var mutantNames = []string{
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
 	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
 	"shard_removed_early", "dropped_debt_forgotten", "dropped_debt_second_untracked",
-	"shard_dropped_debt_skipped",
+	"shard_dropped_debt_skipped", "move_mints_one",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the

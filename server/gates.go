@@ -42,7 +42,7 @@ type gateMetrics struct {
 // anything so that an alert on them has a series from the first audit.
 var auditChecks = []string{
 	ledger.CheckConservation, ledger.CheckNegative, ledger.CheckReserved, ledger.CheckSpent, ledger.CheckDebt,
-	ledger.CheckJournal, ledger.CheckRefundOnce, ledger.CheckMove, ledger.CheckStatement, ledger.CheckShard,
+	ledger.CheckJournal, ledger.CheckRefundOnce, ledger.CheckMove, ledger.CheckMoveAmounts, ledger.CheckStatement, ledger.CheckShard,
 	ledger.CheckBurst, ledger.CheckShardRemint, ledger.CheckShardRecord, ledger.CheckLegacyBudget,
 	ledger.CheckCheckpoint,
 }

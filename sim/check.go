@@ -13,7 +13,8 @@ import (
 type Gate uint8
 
 const (
-	// GateConservation: an account's conservation equation broke.
+	// GateConservation: an account's conservation equation broke, or a
+	// move minted at its destination other than what left its source.
 	GateConservation Gate = iota
 	// GateShardConservation: a shard's (central or gateway-local)
 	// conservation broke.
@@ -730,7 +731,7 @@ func (c *checker) auditSnapshot(snap *ledger.Snapshot, why string) {
 
 func auditGate(d ledger.Discrepancy) Gate {
 	switch d.Check {
-	case ledger.CheckConservation:
+	case ledger.CheckConservation, ledger.CheckMoveAmounts:
 		return GateConservation
 	case ledger.CheckNegative, ledger.CheckBurst:
 		return GateOverspend

@@ -32,6 +32,7 @@ func TestMutants(t *testing.T) {
 		{"dropped_debt_forgotten", GateAdmissionWhileDebt},
 		{"dropped_debt_second_untracked", GateLiveness},
 		{"shard_dropped_debt_skipped", GateShardConservation},
+		{"move_mints_one", GateConservation},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}
