@@ -3314,9 +3314,9 @@ func (*AuditRequest) Descriptor() ([]byte, []int) {
 // Discrepancy is one failed audit check.
 type Discrepancy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Rule name: conservation, negative_term, reserved_vs_holds,
-	// spent_vs_settled, unrecorded_debt, journal_replay, refund_once,
-	// move_both_ends, statement_chain, shard_conservation.
+	// Rule name, one of the checks docs/API.md's Audit table lists (e.g.
+	// conservation, reserved_vs_holds, journal_replay, refund_once,
+	// move_both_ends, move_conservation, above_burst, shard_conservation).
 	Check         string `protobuf:"bytes,1,opt,name=check,proto3" json:"check,omitempty"`
 	Account       string `protobuf:"bytes,2,opt,name=account,proto3" json:"account,omitempty"`
 	ReservationId string `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
