@@ -285,7 +285,7 @@ func sqliteFile(spec, dataDir, what string) (string, error) {
 		return path, nil
 	}
 	if strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://") {
-		return "", usagef("%s works on the embedded SQLite store; back PostgreSQL up with its own tools (pg_basebackup, WAL archiving: docs/OPERATIONS.md \"Backups\")", what)
+		return "", usagef("capledger can %s only the embedded SQLite store; back PostgreSQL up with its own tools (pg_basebackup, WAL archiving: docs/OPERATIONS.md \"Backups\")", what)
 	}
 	if spec == "memory" {
 		return "", usagef("the in-memory store has nothing to %s", what)
