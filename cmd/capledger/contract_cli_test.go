@@ -186,26 +186,7 @@ func TestContractCLIExitCodes(t *testing.T) {
 // its AT column, so the page's lines and the command's never compared
 // equal, and a script matching `...Z$` missed them.
 func TestContractRolloutHistoryHasNoTrailingSpaces(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	srv := startServer(t, bin, filepath.Join(dir, "data"))
-	policy := writeFile(t, dir, "p.yaml", "subject: \"*\"\nroute: moderate.text\nrollout: shadow\nholdTtl: 60s\n"+
-		"dimensions:\n  - unit: tokens\n    burst: 1000\n")
-	var out string
-	for _, args := range [][]string{
-		{"policy", "publish", policy},
-		{"rollout", "create", "llm", "--routes", "moderate.text", "--by", "route"},
-		{"rollout", "set", "--percent", "1"},
-		{"rollout", "set", "--percent", "50"},
-		{"rollout", "undo"},
-		{"rollout", "get", "llm"},
-	} {
-		var code int
-		out, code = runBinary(t, bin, append(args, "--addr", srv.url)...)
-		if code != exitOK {
-			t.Fatalf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
-		}
-	}
+	out := rolloutHistory(t)
 	steps := 0
 	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
 		if strings.HasSuffix(line, " ") {
@@ -227,26 +208,7 @@ func TestContractRolloutHistoryHasNoTrailingSpaces(t *testing.T) {
 // "AT  NOTE", the NOTE heading over the times and the notes 20 columns
 // to its right.
 func TestContractRolloutHistoryColumnsLineUp(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	srv := startServer(t, bin, filepath.Join(dir, "data"))
-	policy := writeFile(t, dir, "p.yaml", "subject: \"*\"\nroute: moderate.text\nrollout: shadow\nholdTtl: 60s\n"+
-		"dimensions:\n  - unit: tokens\n    burst: 1000\n")
-	var out string
-	for _, args := range [][]string{
-		{"policy", "publish", policy},
-		{"rollout", "create", "llm", "--routes", "moderate.text", "--by", "route"},
-		{"rollout", "set", "--percent", "1"},
-		{"rollout", "set", "--percent", "50"},
-		{"rollout", "undo"},
-		{"rollout", "get", "llm"},
-	} {
-		var code int
-		out, code = runBinary(t, bin, append(args, "--addr", srv.url)...)
-		if code != exitOK {
-			t.Fatalf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
-		}
-	}
+	out := rolloutHistory(t)
 	header := -1
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	for i, line := range lines {
@@ -329,4 +291,32 @@ func TestServeOnATakenPortSaysWhatToDo(t *testing.T) {
 	if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("serve on a taken port touched its data directory: %v", err)
 	}
+}
+
+// rolloutHistory runs a real serve, publishes a shadow policy, makes a
+// rollout of four steps (create, set, set, undo) as ROLLOUT.md does, and
+// returns what `rollout get` printed.
+func rolloutHistory(t *testing.T) string {
+	t.Helper()
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"))
+	policy := writeFile(t, dir, "p.yaml", "subject: \"*\"\nroute: moderate.text\nrollout: shadow\nholdTtl: 60s\n"+
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n")
+	var out string
+	for _, args := range [][]string{
+		{"policy", "publish", policy},
+		{"rollout", "create", "llm", "--routes", "moderate.text", "--by", "route"},
+		{"rollout", "set", "--percent", "1"},
+		{"rollout", "set", "--percent", "50"},
+		{"rollout", "undo"},
+		{"rollout", "get", "llm"},
+	} {
+		var code int
+		out, code = runBinary(t, bin, append(args, "--addr", srv.url)...)
+		if code != exitOK {
+			t.Fatalf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+	return out
 }
