@@ -10,6 +10,7 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // A schema of version 21 (no account_terms.held_elsewhere) migrates to 22
@@ -56,4 +57,31 @@ func TestHeldElsewhereUpgrade(t *testing.T) {
 	if got, err := upgraded.AccountGet(ctx, key); err != nil || got.HeldElsewhere != a.HeldElsewhere {
 		t.Fatalf("written with %v held elsewhere, read back %v, %v", a.HeldElsewhere, got.HeldElsewhere, err)
 	}
+}
+
+// Holds outstanding under a superseded generation in a schema of version
+// 22 (held_elsewhere 0 on every term row, as that version's migration
+// left them) are counted by version 23's (storetest.HeldElsewhereUpgrade).
+func TestHeldElsewhereCountedAtTheUpgrade(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
+		s.Close()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 0", "DELETE FROM schema_migrations WHERE version = 23"} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		upgraded, err := postgres.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { upgraded.Close() })
+		return upgraded
+	})
 }

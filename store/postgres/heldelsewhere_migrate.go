@@ -1,0 +1,128 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// migrationSteps are the Go parts of the migrations that need one, run
+// after the version's SQL in the migration's transaction.
+var migrationSteps = map[int]func(context.Context, pgx.Tx) error{
+	23: countHeldElsewhere,
+}
+
+// heldSubjects selects the keys of the subjects an account of which,
+// not the subject's current one, holds anything reserved: the only
+// subjects whose current account counts anything held elsewhere.
+const heldSubjects = `SELECT o.subject, o.route, o.region FROM accounts o
+	JOIN account_terms ot ON ot.account_id = o.id
+	JOIN account_currents c ON c.subject = o.subject AND c.route = o.route AND c.region = o.region
+	WHERE ot.reserved > 0 AND o.generation <> c.generation`
+
+// countHeldElsewhere sets held_elsewhere (schema version 23) of every
+// subject's current account to what the subject's other accounts hold
+// reserved in the units it limits (ledger.HeldElsewhereOf: the count the
+// ledger carries from switch to switch, which a schema upgraded to
+// version 22 began at 0 for the holds outstanding then), and clears it on
+// every other term row. It first takes SHARE locks on the tables it
+// reads, so that replicas still running (of this version or an earlier
+// one) cannot change a hold or a current pointer between its read and its
+// commit: their writes wait for the migration. It reads the accounts of
+// the subjects with holds elsewhere only (heldSubjects), and every term
+// row once for the clearing.
+func countHeldElsewhere(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE account_currents, accounts, account_terms IN SHARE MODE`); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	rows, err := tx.Query(ctx, accountSelect+` WHERE (a.subject, a.route, a.region) IN (`+heldSubjects+`)
+		ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
+	if err != nil {
+		return fmt.Errorf("read accounts: %w", err)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return fmt.Errorf("read accounts: %w", err)
+	}
+	currents := map[ledger.PolicyKey]uint64{}
+	rows, err = tx.Query(ctx, `SELECT subject, route, region, generation FROM account_currents
+		WHERE (subject, route, region) IN (`+heldSubjects+`)`)
+	if err != nil {
+		return fmt.Errorf("read currents: %w", err)
+	}
+	for rows.Next() {
+		var k ledger.PolicyKey
+		var generation int64
+		if err := rows.Scan(&k.Subject, &k.Route, &k.Region, &generation); err != nil {
+			rows.Close()
+			return fmt.Errorf("read currents: %w", err)
+		}
+		currents[k] = uint64(generation)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read currents: %w", err)
+	}
+	policies := map[uint64]*ledger.Policy{}
+	for _, a := range accounts {
+		g := a.Key.Generation
+		if _, ok := policies[g]; ok {
+			continue
+		}
+		p, err := scanPolicy(tx.QueryRow(ctx, policySelect+` WHERE generation = $1`, int64(g)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Not the ledger's to judge here: an account whose policy
+			// is gone holds nothing HeldElsewhereOf can match.
+			policies[g] = nil
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read policy %d: %w", g, err)
+		}
+		policies[g] = p
+	}
+	if _, err := tx.Exec(ctx, `UPDATE account_terms SET held_elsewhere = 0 WHERE held_elsewhere <> 0`); err != nil {
+		return fmt.Errorf("clear: %w", err)
+	}
+	for start := 0; start < len(accounts); {
+		subject := accounts[start].Key.SubjectKey()
+		end := start
+		for end < len(accounts) && accounts[end].Key.SubjectKey() == subject {
+			end++
+		}
+		group := accounts[start:end]
+		start = end
+		g, ok := currents[subject]
+		if !ok {
+			continue
+		}
+		var cur *ledger.Account
+		var others []ledger.Holding
+		for i := range group {
+			if a := &group[i]; a.Key.Generation == g {
+				cur = a
+			} else {
+				others = append(others, ledger.Holding{Account: a, Policy: policies[a.Key.Generation]})
+			}
+		}
+		if cur == nil || policies[g] == nil {
+			continue
+		}
+		held := ledger.HeldElsewhereOf(cur, policies[g], others)
+		for d, units := range held {
+			if units == 0 {
+				continue
+			}
+			if _, err := tx.Exec(ctx, `UPDATE account_terms SET held_elsewhere = $5 WHERE dim = $6 AND account_id =
+				(SELECT id FROM accounts WHERE subject = $1 AND route = $2 AND region = $3 AND generation = $4)`,
+				subject.Subject, subject.Route, subject.Region, int64(g), int64(units), int16(d)); err != nil {
+				return fmt.Errorf("count %s: %w", cur.Key, err)
+			}
+		}
+	}
+	return nil
+}
