@@ -343,8 +343,8 @@ type Holding struct {
 // its policy cp, counts as held elsewhere (Account.HeldElsewhere) while
 // others, the subject's other accounts, hold what they hold: in each
 // dimension of cp, the sum of what they hold reserved in its unit
-// (Balance.Reserved, the holds of their RESERVED, EXPIRING, STARTED and
-// USAGE_UNKNOWN reservations, as the audit's reserved_vs_holds checks),
+// (Balance.Reserved, the holds of their reservations in a state that
+// holds, State.Holds, as the audit's reserved_vs_holds checks),
 // matched by unit name under each one's own policy. An entry of others
 // with cur's key is not elsewhere and is skipped.
 //

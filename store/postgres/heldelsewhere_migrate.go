@@ -36,7 +36,10 @@ const heldSubjects = `SELECT o.subject, o.route, o.region FROM accounts o
 // the subjects with holds elsewhere only (heldSubjects), and every term
 // row once for the clearing.
 func countHeldElsewhere(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `LOCK TABLE account_currents, accounts, account_terms IN SHARE MODE`); err != nil {
+	// In the order a command's write takes them (accounts, their terms,
+	// then the current pointers), so that the wait for a command that
+	// wrote the first is not a deadlock with its write of the next.
+	if _, err := tx.Exec(ctx, `LOCK TABLE accounts, account_terms, account_currents IN SHARE MODE`); err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
 	rows, err := tx.Query(ctx, accountSelect+` WHERE (a.subject, a.route, a.region) IN (`+heldSubjects+`)

@@ -17,8 +17,9 @@ import (
 // limits requests, then tokens: units match by name), a reserve of 100
 // tokens switches the subject to g1, which counts g0's 600. upgrade
 // closes s, takes it back to that earlier schema (the migration that
-// counts not applied, every count 0, as a store upgraded by the version
-// before had them) and opens it again, which migrates it. The migration
+// counts not applied, every count 0 as a store upgraded by the version
+// before had them, or any count wrong) and opens it again, which
+// migrates it. The migration
 // counts g0's 600 on g1 again (ledger.HeldElsewhereOf), so 10 s later a
 // reserve of 600 tokens, which the subject's holds under both generations
 // would take past the burst of 1,000, is refused with no Retry-After;
