@@ -91,6 +91,13 @@ func countHeldElsewhere(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, `UPDATE account_terms SET held_elsewhere = 0 WHERE held_elsewhere <> 0`); err != nil {
 		return fmt.Errorf("clear: %w", err)
 	}
+	// The counts, one row per current account and dimension that counts
+	// something, written by one statement.
+	var (
+		subjects, routes, regions []string
+		generations, units        []int64
+		dims                      []int16
+	)
 	for start := 0; start < len(accounts); {
 		subject := accounts[start].Key.SubjectKey()
 		end := start
@@ -115,17 +122,23 @@ func countHeldElsewhere(ctx context.Context, tx pgx.Tx) error {
 		if cur == nil || policies[g] == nil {
 			continue
 		}
-		held := ledger.HeldElsewhereOf(cur, policies[g], others)
-		for d, units := range held {
-			if units == 0 {
-				continue
-			}
-			if _, err := tx.Exec(ctx, `UPDATE account_terms SET held_elsewhere = $5 WHERE dim = $6 AND account_id =
-				(SELECT id FROM accounts WHERE subject = $1 AND route = $2 AND region = $3 AND generation = $4)`,
-				subject.Subject, subject.Route, subject.Region, int64(g), int64(units), int16(d)); err != nil {
-				return fmt.Errorf("count %s: %w", cur.Key, err)
+		for d, held := range ledger.HeldElsewhereOf(cur, policies[g], others) {
+			if held != 0 {
+				subjects, routes, regions = append(subjects, subject.Subject), append(routes, subject.Route), append(regions, subject.Region)
+				generations, dims, units = append(generations, int64(g)), append(dims, int16(d)), append(units, int64(held))
 			}
 		}
+	}
+	if len(units) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE account_terms t SET held_elsewhere = c.held
+		FROM accounts a, unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::bigint[])
+			AS c(subject, route, region, generation, dim, held)
+		WHERE a.subject = c.subject AND a.route = c.route AND a.region = c.region AND a.generation = c.generation
+			AND t.account_id = a.id AND t.dim = c.dim`,
+		subjects, routes, regions, generations, dims, units); err != nil {
+		return fmt.Errorf("count: %w", err)
 	}
 	return nil
 }
