@@ -332,6 +332,43 @@ func carryHeld(from *Account, fp *Policy, to *Account, tp *Policy) {
 	to.HeldElsewhere = held
 }
 
+// Holding is one of a subject's accounts with its policy, as
+// HeldElsewhereOf reads the subject's other accounts.
+type Holding struct {
+	Account *Account
+	Policy  *Policy
+}
+
+// HeldElsewhereOf returns what cur, the subject's current account under
+// its policy cp, counts as held elsewhere (Account.HeldElsewhere) while
+// others, the subject's other accounts, hold what they hold: in each
+// dimension of cp, the sum of what they hold reserved in its unit
+// (Balance.Reserved, the holds of their reservations in a state that
+// holds, State.Holds, as the audit's reserved_vs_holds checks),
+// matched by unit name under each one's own policy. An entry of others
+// with cur's key is not elsewhere and is skipped.
+//
+// It is the count carryHeld and dropHeld keep as holds begin and end, in
+// every unit no generation in between left behind; in a unit left behind
+// they count less (the holds from before the gap are not known at the
+// switch that opens the unit again, openAccount), this more. A store
+// migrating to a schema that counts holds elsewhere sets each current
+// account's count with it, for the holds outstanding at the upgrade.
+func HeldElsewhereOf(cur *Account, cp *Policy, others []Holding) Amounts {
+	var held Amounts
+	for _, o := range others {
+		if o.Account == nil || o.Policy == nil || o.Account.Key == cur.Key {
+			continue
+		}
+		for j := 0; j < cur.Dims && j < len(cp.Dimensions); j++ {
+			if i := o.Policy.DimensionIndex(cp.Dimensions[j].Unit); i >= 0 && i < o.Account.Dims {
+				held[j] += o.Account.Balances[i].Reserved
+			}
+		}
+	}
+	return held
+}
+
 // dropHeld lowers the count of holds elsewhere of cur, the subject's
 // current account (under its policy cp), by ended, what a hold on the
 // subject's account a (under ap, a itself not current when the hold

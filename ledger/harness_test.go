@@ -163,15 +163,18 @@ func heldElsewhereProblem(m *ledger.Memory) string {
 		if current == nil || !ok {
 			continue
 		}
-		for j, d := range cp.Dimensions {
-			var held ledger.Units
-			for _, a := range accounts {
-				if ap, ok := m.Policy(a.Key.Generation); ok && a != current {
-					if i := ap.DimensionIndex(d.Unit); i >= 0 {
-						held += a.Balances[i].Reserved
-					}
-				}
+		// What a store's migration sets (ledger.HeldElsewhereOf) is what
+		// the ledger carried, but in a unit left behind, where it carried
+		// at most that.
+		var others []ledger.Holding
+		for _, a := range accounts {
+			if ap, ok := m.Policy(a.Key.Generation); ok && a != current {
+				others = append(others, ledger.Holding{Account: a, Policy: ap})
 			}
+		}
+		all := ledger.HeldElsewhereOf(current, cp, others)
+		for j, d := range cp.Dimensions {
+			held := all[j]
 			got := current.HeldElsewhere[j]
 			if got != held && (got > held || m.Meta(ledger.MetaLeftBehind(subject, d.Unit)) == 0) {
 				return fmt.Sprintf("current %s counts %d %s held elsewhere; the subject's other accounts hold %d", current.Key, got, d.Unit, held)

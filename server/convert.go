@@ -947,6 +947,7 @@ func accountProto(a *ledger.Account, p *ledger.Policy) *v1.Account {
 			RetiredForMove:      b.RetiredForMove,
 			OverdraftRepaid:     b.OverdraftRepaid,
 			Debt:                b.Debt(),
+			HeldElsewhere:       a.HeldElsewhere[i],
 		})
 	}
 	dim, _ := a.Debt()

@@ -26,8 +26,10 @@ Account prints the balances of ONE subject on one route and region, for
 every policy generation it has an account under: per unit the seed's
 conservation terms (opening + minted + overdraftIssued = available +
 reserved + spent + retiredForEmergency + retiredForMove + overdraftRepaid),
-the debt, and whether admission is frozen by debt. It never shows another
-subject's balances.
+the debt, and whether admission is frozen by debt. On the current account
+heldElsewhere is what the subject's other generations still hold reserved
+in the unit (absent when nothing): refill stops at burst - reserved -
+heldElsewhere. It never shows another subject's balances.
 
 Flags:
   --subject S       concrete subject (required)

@@ -616,6 +616,7 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 				"opening": bal.Opening, "minted": bal.Minted, "overdraftIssued": bal.OverdraftIssued, "available": bal.Available,
 				"reserved": bal.Reserved, "spent": bal.Spent, "retiredForEmergency": bal.RetiredForEmergency,
 				"retiredForMove": bal.RetiredForMove, "overdraftRepaid": bal.OverdraftRepaid, "debt": bal.Debt,
+				"heldElsewhere": bal.HeldElsewhere,
 			} {
 				b.want(row+` td[data-field="`+field+`"]`, fmtInt(v))
 			}

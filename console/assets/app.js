@@ -426,8 +426,10 @@ async function tenantDetail(main, subject, route, region) {
   for (const a of accounts) {
     const gen = n(a.policyGeneration);
     main.append(el("h2", {}, "Generation " + gen + " — balances (conservation terms, cumulative)" + (a.frozen ? " — FROZEN by debt" : "")));
-    const terms = ["opening", "minted", "overdraftIssued", "available", "reserved", "spent", "retiredForEmergency", "retiredForMove", "overdraftRepaid", "debt"];
-    const labels = { overdraftIssued: "overdraft issued", retiredForEmergency: "retired (emergency)", retiredForMove: "retired (move)", overdraftRepaid: "overdraft repaid" };
+    const terms = ["opening", "minted", "overdraftIssued", "available", "reserved", "spent", "retiredForEmergency", "retiredForMove", "overdraftRepaid", "debt", "heldElsewhere"];
+    // heldElsewhere is not a conservation term: on the current account, what the subject's
+    // other generations still hold reserved in the unit (refill stops at burst - reserved - it).
+    const labels = { overdraftIssued: "overdraft issued", retiredForEmergency: "retired (emergency)", retiredForMove: "retired (move)", overdraftRepaid: "overdraft repaid", heldElsewhere: "held elsewhere" };
     main.append(table(["unit"].concat(terms.map((t) => ({ label: labels[t] || t, num: true }))).concat([{ label: "in = out", num: true }]),
       (a.balances || []).map((b) => {
         const lhs = n(b.opening) + n(b.minted) + n(b.overdraftIssued);

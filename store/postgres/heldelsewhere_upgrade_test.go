@@ -10,6 +10,7 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // A schema of version 21 (no account_terms.held_elsewhere) migrates to 22
@@ -55,5 +56,96 @@ func TestHeldElsewhereUpgrade(t *testing.T) {
 	writeChanges(t, upgraded, &store.Changes{Accounts: []ledger.Account{a}})
 	if got, err := upgraded.AccountGet(ctx, key); err != nil || got.HeldElsewhere != a.HeldElsewhere {
 		t.Fatalf("written with %v held elsewhere, read back %v, %v", a.HeldElsewhere, got.HeldElsewhere, err)
+	}
+}
+
+// Holds outstanding under a superseded generation in a schema of version
+// 22 are counted by version 23's migration (storetest.HeldElsewhereUpgrade).
+// Every term row's held_elsewhere is 5 before it (0 is what version 22
+// left, a wrong count anywhere is what this checks): the migration sets
+// the current account's and clears every other one.
+func TestHeldElsewhereCountedAtTheUpgrade(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
+		s.Close()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 5", "DELETE FROM schema_migrations WHERE version = 23"} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		upgraded, err := postgres.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { upgraded.Close() })
+		return upgraded
+	})
+}
+
+// The migration to version 23 takes its SHARE locks before it reads the
+// accounts: a replica's transaction that wrote accounts and has not
+// committed makes it wait (so it counts what that transaction commits,
+// and the replica's later writes wait for it in turn), and it goes on
+// once that transaction ends.
+func TestHeldElsewhereCountWaitsForWriters(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	s.Close()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = 23"); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx)
+	// Any write takes ROW EXCLUSIVE on the table, as a command's does.
+	if _, err := writer.Exec(ctx, "UPDATE accounts SET breaches = breaches WHERE false"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := postgres.Migrate(ctx, withParam(t, dsn, "lock_timeout", "60s"))
+		done <- err
+	}()
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(ctx)
+	waiting := false
+	for range 600 {
+		if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE relation = 'accounts'::regclass AND mode = 'ShareLock' AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the migration ended (%v) while a writer's transaction was open", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if !waiting {
+		t.Fatal("the migration never waited for a SHARE lock on accounts")
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("migrate after the writer committed: %v", err)
 	}
 }

@@ -122,6 +122,11 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return nil, c.classify("apply "+m.File, err, false)
 		}
+		if step := migrationSteps[m.Version]; step != nil {
+			if err := step(ctx, tx); err != nil {
+				return nil, c.classify("apply "+m.File, err, false)
+			}
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
 			return nil, c.classify("record version", err, false)
 		}

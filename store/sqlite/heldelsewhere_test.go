@@ -2,12 +2,14 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // An account written before schema version 23 (no held_elsewhere) reads
@@ -54,4 +56,30 @@ func TestHeldElsewhereOfAnEarlierSchema(t *testing.T) {
 			t.Fatalf("written with %v held elsewhere, read back %v, %v", held, got.HeldElsewhere, err)
 		}
 	}
+}
+
+// Holds outstanding under a superseded generation in a file of schema
+// version 23 (held_elsewhere 0 on every row, as that version's migration
+// left them) are counted by version 24's (storetest.HeldElsewhereUpgrade).
+func TestHeldElsewhereCountedAtTheUpgrade(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v23.db")
+	s, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		db, err := sql.Open("sqlite", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{"UPDATE accounts SET held_elsewhere = NULL", "DELETE FROM schema_migrations WHERE version = 24"} {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		return openUpgraded(t, db, path)
+	})
 }

@@ -436,6 +436,108 @@ func migrate(ctx context.Context, db *sql.DB) error {
 var migrationSteps = map[int]func(context.Context, *sql.Tx) error{
 	13: fillAccountDebtors,
 	23: addHeldElsewhere,
+	24: countHeldElsewhere,
+}
+
+// countHeldElsewhere sets held_elsewhere (schema version 24) of every
+// subject's current account to what the subject's other accounts hold
+// reserved in the units it limits (ledger.HeldElsewhereOf: the count the
+// ledger carries from switch to switch, which a store upgraded to version
+// 23 began at 0 for the holds outstanding then), and clears it on every
+// other account. It reads every policy and every account once, one
+// subject's accounts at a time, and writes the current accounts of the
+// subjects with holds elsewhere.
+func countHeldElsewhere(ctx context.Context, tx *sql.Tx) error {
+	policies := map[uint64]*ledger.Policy{}
+	rows, err := tx.QueryContext(ctx, "SELECT "+policyCols+" FROM policies")
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		p, err := scanPolicy(rows)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		policies[p.Generation] = &p
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	currents := map[ledger.PolicyKey]uint64{}
+	rows, err = tx.QueryContext(ctx, "SELECT "+currentCols+" FROM account_currents")
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var k ledger.PolicyKey
+		var generation int64
+		if err := rows.Scan(&k.Subject, &k.Route, &k.Region, &generation); err != nil {
+			rows.Close()
+			return err
+		}
+		currents[k] = uint64(generation)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	type count struct {
+		key  ledger.AccountKey
+		held ledger.Amounts
+	}
+	var counts []count
+	var group []ledger.Account
+	flush := func() {
+		if len(group) < 2 {
+			return
+		}
+		g, ok := currents[group[0].Key.SubjectKey()]
+		var cur *ledger.Account
+		var others []ledger.Holding
+		for i := range group {
+			a := &group[i]
+			if ok && a.Key.Generation == g {
+				cur = a
+			} else if p := policies[a.Key.Generation]; p != nil {
+				others = append(others, ledger.Holding{Account: a, Policy: p})
+			}
+		}
+		if cp := policies[g]; cur != nil && cp != nil {
+			if held := ledger.HeldElsewhereOf(cur, cp, others); held != (ledger.Amounts{}) {
+				counts = append(counts, count{cur.Key, held})
+			}
+		}
+	}
+	rows, err = tx.QueryContext(ctx, "SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation")
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		a, err := scanAccount(rows)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		if len(group) > 0 && group[0].Key.SubjectKey() != a.Key.SubjectKey() {
+			flush()
+			group = group[:0]
+		}
+		group = append(group, a)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	flush()
+	if _, err := tx.ExecContext(ctx, "UPDATE accounts SET held_elsewhere = NULL WHERE held_elsewhere IS NOT NULL"); err != nil {
+		return err
+	}
+	for _, c := range counts {
+		if _, err := tx.ExecContext(ctx, "UPDATE accounts SET held_elsewhere = ? WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
+			heldElsewhereArg(&c.held), c.key.Subject, c.key.Route, c.key.Region, int64(c.key.Generation)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // addHeldElsewhere adds accounts.held_elsewhere (schema version 23) unless

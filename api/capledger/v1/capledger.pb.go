@@ -2950,7 +2950,13 @@ type Balance struct {
 	OverdraftRepaid int64 `protobuf:"varint,10,opt,name=overdraft_repaid,json=overdraftRepaid,proto3" json:"overdraft_repaid,omitempty"`
 	// overdraft_issued - overdraft_repaid; while positive the account admits
 	// nothing.
-	Debt          int64 `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`
+	Debt int64 `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`
+	// On the subject's current account: what its other generations' accounts
+	// still hold reserved in this unit (holds admitted before a publish or a
+	// rollback, until they end). Refill and moves stop at burst - reserved -
+	// held_elsewhere, so available can stay below burst - reserved. 0 on
+	// every other account. Not a conservation term.
+	HeldElsewhere int64 `protobuf:"varint,12,opt,name=held_elsewhere,json=heldElsewhere,proto3" json:"held_elsewhere,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3058,6 +3064,13 @@ func (x *Balance) GetOverdraftRepaid() int64 {
 func (x *Balance) GetDebt() int64 {
 	if x != nil {
 		return x.Debt
+	}
+	return 0
+}
+
+func (x *Balance) GetHeldElsewhere() int64 {
+	if x != nil {
+		return x.HeldElsewhere
 	}
 	return 0
 }
@@ -3662,7 +3675,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"n\n" +
 	"\x11ListDebtsResponse\x121\n" +
 	"\baccounts\x18\x01 \x03(\v2\x15.capledger.v1.AccountR\baccounts\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe7\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8e\x03\n" +
 	"\aBalance\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x18\n" +
 	"\aopening\x18\x02 \x01(\x03R\aopening\x12\x16\n" +
@@ -3675,7 +3688,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x10retired_for_move\x18\t \x01(\x03R\x0eretiredForMove\x12)\n" +
 	"\x10overdraft_repaid\x18\n" +
 	" \x01(\x03R\x0foverdraftRepaid\x12\x12\n" +
-	"\x04debt\x18\v \x01(\x03R\x04debt\"\xa2\x02\n" +
+	"\x04debt\x18\v \x01(\x03R\x04debt\x12%\n" +
+	"\x0eheld_elsewhere\x18\f \x01(\x03R\rheldElsewhere\"\xa2\x02\n" +
 	"\aAccount\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +

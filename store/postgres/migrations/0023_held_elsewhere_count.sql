@@ -1,0 +1,12 @@
+-- capledger schema version 23: the holds outstanding at the upgrade,
+-- counted.
+--
+-- Version 22 added account_terms.held_elsewhere with a default of 0 and
+-- rewrote no rows, so holds a subject's superseded generations kept when
+-- the store was upgraded were not counted on its current account until
+-- they ended. The Go step of this version (countHeldElsewhere, run after
+-- this file in the same transaction) blocks writes to the accounts until
+-- the migration commits, sets every current account's count from the
+-- holds of the subject's other accounts (ledger.HeldElsewhereOf) and
+-- clears it on every other term row.
+SELECT 1;
