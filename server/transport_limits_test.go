@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // A client that writes its whole request before it reads the answer
@@ -95,4 +98,84 @@ func TestOversizedBodyIs413ForAClientThatSendsItWhole(t *testing.T) {
 		})
 	}
 	h.wantError(h.call("GetReservation", `{"reservationId":"big"}`, ""), http.StatusNotFound, "not_found", "RESERVATION_NOT_FOUND")
+}
+
+// Request line and headers: 64 KiB is served over HTTP/1.1, and so is a
+// little more (net/http reads 4 KiB past MaxHeaderBytes before it
+// refuses: a request of 66 KiB was served, found by the contract walk of
+// 7 Dec, where API.md promised a 431 "over 64 KiB"); past 68 KiB the
+// answer is net/http's plain-text 431 (docs/API.md, Limits).
+func TestRequestHeadersPast68KiBAre431(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.url, "http://")
+	// get sends a Connect GET of GetReservation whose request line and
+	// headers are n bytes long, the padding in a header of its own.
+	get := func(n int) (int, string) {
+		t.Helper()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(time.Minute))
+		head := "GET /capledger.v1.LedgerService/GetReservation?encoding=json&message=%7B%22reservationId%22%3A%22r%22%7D HTTP/1.1\r\nHost: capledger\r\nX-Pad: "
+		pad := n - len(head) - len("\r\n\r\n")
+		if _, err := io.WriteString(conn, head+strings.Repeat("p", pad)+"\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("a request of %d bytes of headers: %v", n, err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(raw)
+	}
+	for _, n := range []int{64 << 10, 66 << 10, 68<<10 - 16} {
+		if status, body := get(n); status != http.StatusNotFound || !strings.Contains(body, "RESERVATION_NOT_FOUND") {
+			t.Errorf("request line and headers of %d bytes: %d %.200s; want it served (404 RESERVATION_NOT_FOUND)", n, status, body)
+		}
+	}
+	for _, n := range []int{69 << 10, 80 << 10} {
+		if status, body := get(n); status != http.StatusRequestHeaderFieldsTooLarge || !strings.HasPrefix(body, "431 Request Header Fields Too Large") {
+			t.Errorf("request line and headers of %d bytes: %d %.200s; want 431 with net/http's plain-text body", n, status, body)
+		}
+	}
+}
+
+// A Connect connection over h2c is net/http's HTTP/2 server, which tells
+// the client 250 concurrent streams and a header list of 65856 bytes
+// (its 64 KiB and hpack's 32 bytes for each of 10 fields), where grpc-go
+// tells a gRPC connection 65536 (TestGRPCGoConnectionLimits). API.md
+// said 65536 for both; found by the contract walk of 7 Dec.
+func TestNetHTTPConnectionSettings(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	framer := h2cFramer(t, h.url)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/capledger.v1.LedgerService/GetReservation"},
+		{":authority", "capledger"}, {"content-type", "application/json"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	framer.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true})
+	framer.WriteData(1, true, []byte(`{"reservationId":"none"}`))
+	settings := map[http2.SettingID]uint32{}
+	for {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v (settings so far %v)", err, settings)
+		}
+		switch f := frame.(type) {
+		case *http2.SettingsFrame:
+			f.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+		case *http2.MetaHeadersFrame:
+			if f.PseudoValue("status") != "404" {
+				t.Errorf("a Connect GetReservation over h2c: %v", f.Fields)
+			}
+			if settings[http2.SettingMaxConcurrentStreams] != 250 || settings[http2.SettingMaxHeaderListSize] != 65856 {
+				t.Errorf("net/http's settings %v: want MAX_CONCURRENT_STREAMS 250, MAX_HEADER_LIST_SIZE 65856", settings)
+			}
+			return
+		}
+	}
 }
