@@ -290,6 +290,13 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 func finishBody(next http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body := r.Body
+		if r.ProtoMajor == 1 && body != nil && body != http.NoBody {
+			// connect closes a body it gave up on (a gRPC-Web message
+			// past the limit, after reading 4 MiB of it), which would end
+			// the drain below before it began; net/http closes the body
+			// itself once the answer is given.
+			r.Body = keepOpen{body}
+		}
 		next.ServeHTTP(w, r)
 		if body == nil || body == http.NoBody {
 			return
@@ -300,6 +307,11 @@ func finishBody(next http.Handler, limit int64) http.Handler {
 		_, _ = io.Copy(io.Discard, io.LimitReader(body, limit))
 	})
 }
+
+// keepOpen is a request body whose Close does nothing (finishBody).
+type keepOpen struct{ io.ReadCloser }
+
+func (keepOpen) Close() error { return nil }
 
 // liveReads marks every answer to a Connect GET (a read of live state:
 // a reservation, an account, a list) Cache-Control: no-store. Without it
