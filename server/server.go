@@ -238,7 +238,7 @@ func New(l Ledger, cfg Config) *Server {
 	// gRPC-Web's text mode is base64 on the wire: 4 bytes for every 3 of
 	// the binary body limitBody bounds (its slack for framing included).
 	maxTextWire := 4 * ((s.maxBody + 64<<10 + 2) / 3)
-	s.handler = finishBody(grpcWebText(liveReads(s.limitBody(mux)), maxTextWire), max(maxTextWire, refusedBodyDrain))
+	s.handler = finishBody(grpcWebText(liveReads(s.limitBody(mux)), maxTextWire), maxTextWire, max(maxTextWire, refusedBodyDrain))
 	return s
 }
 
@@ -264,7 +264,8 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// finishBody reads what is left of a request's body, up to limit bytes,
+// finishBody reads what is left of a request's body, up to limit bytes
+// (limitHTTP1 over HTTP/1.1),
 // before the answer goes out.
 //
 // HTTP/2: an answer given without reading the body (415 for a
@@ -281,13 +282,13 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 // first (Python's http.client and urllib, Java's HttpURLConnection) reads
 // it: such a client saw "Connection reset by peer" instead of the 413 for
 // a body of a few MiB over the limit. A request that waits for "100
-// Continue" sent no body, and one whose declared length is past limit
+// Continue" sent no body, and one whose declared length is past limitHTTP1
 // cannot be saved this way: both are left to net/http as before.
 //
-// Past limit bytes the rest is left unread (a body that large was refused
-// already: limitBody), and the stream is reset or the connection closed
-// as before.
-func finishBody(next http.Handler, limit int64) http.Handler {
+// Past limit bytes (HTTP/2) or limitHTTP1 bytes the rest is left unread
+// (a body that large was refused already: limitBody), and the stream is
+// reset or the connection closed as before.
+func finishBody(next http.Handler, limit, limitHTTP1 int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body := r.Body
 		if r.ProtoMajor == 1 && body != nil && body != http.NoBody {
@@ -301,10 +302,14 @@ func finishBody(next http.Handler, limit int64) http.Handler {
 		if body == nil || body == http.NoBody {
 			return
 		}
-		if r.ProtoMajor == 1 && (r.ContentLength > limit || strings.EqualFold(r.Header.Get("Expect"), "100-continue")) {
-			return
+		drain := limit
+		if r.ProtoMajor == 1 {
+			if r.ContentLength > limitHTTP1 || strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+				return
+			}
+			drain = limitHTTP1
 		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(body, limit))
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, drain))
 	})
 }
 
