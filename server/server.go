@@ -265,8 +265,7 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 }
 
 // finishBody reads what is left of a request's body, up to limit bytes
-// (limitHTTP1 over HTTP/1.1),
-// before the answer goes out.
+// (limitHTTP1 over HTTP/1.1), before the answer goes out.
 //
 // HTTP/2: an answer given without reading the body (415 for a
 // Content-Type nobody serves, 404, 405) otherwise ends the stream with
