@@ -298,6 +298,12 @@ func finishBody(next http.Handler, limit, limitHTTP1 int64) http.Handler {
 			r.Body = keepOpen{body}
 		}
 		next.ServeHTTP(w, r)
+		// net/http reads the request's Body (its own type, *http.body)
+		// when it writes the answer to decide whether the connection can
+		// be reused: left a keepOpen, it took the body for unread and
+		// closed the connection with the rest unread, the reset this
+		// function is here to prevent.
+		r.Body = body
 		if body == nil || body == http.NoBody {
 			return
 		}

@@ -59,6 +59,8 @@ func TestOversizedBodyIsRefusedToAClientThatSendsItWhole(t *testing.T) {
 	}{
 		{"sized", fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\n", len(body)), body, fmt.Sprintf("request body of %d bytes is larger than the limit of 4096 bytes", len(body))},
 		{"chunked", "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n", chunked(body), "chunked request body is larger than the limit of 4096 bytes"},
+		// As Python's urllib sends it: Connection: close.
+		{"sized, urllib", fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\nAccept-Encoding: identity\r\nUser-Agent: Python-urllib/3.11\r\nConnection: close\r\n", len(body)), body, fmt.Sprintf("request body of %d bytes is larger than the limit of 4096 bytes", len(body))},
 		{"grpc-web", fmt.Sprintf("Content-Type: application/grpc-web+json\r\nContent-Length: %d\r\n", len(grpcWeb)), grpcWeb, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
