@@ -628,8 +628,9 @@ func TestGRPCGoUndecodableAnswersAsConnectDid(t *testing.T) {
 // TestGRPCGoConnectionLimits: grpc-go tells a client it takes up to
 // 250 concurrent calls per connection and 64 KiB of request headers
 // (hpack's count: names, values and 32 bytes each), as net/http's HTTP/2
-// server does (API.md, "Transports"), and serves a call with 58 KiB of
-// headers.
+// server does for Connect (which says 65856, its 64 KiB padded for 10
+// fields: TestNetHTTPConnectionSettings) (API.md, "Transports"), and
+// serves a call with 58 KiB of headers.
 func TestGRPCGoConnectionLimits(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
 	framer := h2cFramer(t, h.url)

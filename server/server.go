@@ -61,6 +61,13 @@ var _ Ledger = (*engine.Engine)(nil)
 // DefaultMaxBodyBytes is the default request size limit (1 MiB).
 const DefaultMaxBodyBytes = 1 << 20
 
+// refusedBodyDrain is how much of a request body the server reads and
+// discards after answering without it (a 413 above all), unless
+// --max-body's wire bound is larger: a client that writes its whole
+// request before reading the answer reads it for a body up to this size
+// (finishBody; docs/API.md, Limits).
+const refusedBodyDrain = 16 << 20
+
 // compressMinBytes is the smallest answer compressed for a client that
 // accepts compression.
 const compressMinBytes = 16 << 10
@@ -231,7 +238,7 @@ func New(l Ledger, cfg Config) *Server {
 	// gRPC-Web's text mode is base64 on the wire: 4 bytes for every 3 of
 	// the binary body limitBody bounds (its slack for framing included).
 	maxTextWire := 4 * ((s.maxBody + 64<<10 + 2) / 3)
-	s.handler = finishBody(grpcWebText(liveReads(s.limitBody(mux)), maxTextWire), maxTextWire)
+	s.handler = finishBody(grpcWebText(liveReads(s.limitBody(mux)), maxTextWire), maxTextWire, max(maxTextWire, refusedBodyDrain))
 	return s
 }
 
@@ -257,25 +264,64 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// finishBody reads what is left of an HTTP/2 request's body, up to limit
-// bytes, before the answer goes out. An answer given without reading the
-// body (415 for a Content-Type nobody serves, 404, 405) otherwise ends
-// the stream with RST_STREAM while the client may still be sending it,
-// and some clients then drop the answer itself: curl 7.88 fails with
-// "stream was not closed cleanly" (exit 92) about one time in three
-// instead of printing the 415. Past limit bytes the rest is left unread
+// finishBody reads what is left of a request's body, up to limit bytes
+// (limitHTTP1 over HTTP/1.1), before the answer goes out.
+//
+// HTTP/2: an answer given without reading the body (415 for a
+// Content-Type nobody serves, 404, 405) otherwise ends the stream with
+// RST_STREAM while the client may still be sending it, and some clients
+// then drop the answer itself: curl 7.88 fails with "stream was not
+// closed cleanly" (exit 92) about one time in three instead of printing
+// the 415.
+//
+// HTTP/1.1: net/http reads at most 256 KiB of a body the handler left
+// unread and otherwise closes the connection after the answer; the bytes
+// the client is still sending then meet a closed socket, and the TCP reset
+// throws the answer away before a client that writes its whole request
+// first (Python's http.client and urllib, Java's HttpURLConnection) reads
+// it: such a client saw "Connection reset by peer" instead of the 413 for
+// a body of a few MiB over the limit. A request that waits for "100
+// Continue" sent no body, and one whose declared length is past limitHTTP1
+// cannot be saved this way: both are left to net/http as before.
+//
+// Past limit bytes (HTTP/2) or limitHTTP1 bytes the rest is left unread
 // (a body that large was refused already: limitBody), and the stream is
-// reset as before. HTTP/1.1 needs nothing here: net/http drains such a
-// body itself.
-func finishBody(next http.Handler, limit int64) http.Handler {
+// reset or the connection closed as before.
+func finishBody(next http.Handler, limit, limitHTTP1 int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body := r.Body
-		next.ServeHTTP(w, r)
-		if r.ProtoMajor == 2 && body != nil && body != http.NoBody {
-			_, _ = io.Copy(io.Discard, io.LimitReader(body, limit))
+		if r.ProtoMajor == 1 && body != nil && body != http.NoBody {
+			// connect closes a body it gave up on (a gRPC-Web message
+			// past the limit, after reading 4 MiB of it), which would end
+			// the drain below before it began; net/http closes the body
+			// itself once the answer is given.
+			r.Body = keepOpen{body}
 		}
+		next.ServeHTTP(w, r)
+		// net/http reads the request's Body (its own type, *http.body)
+		// when it writes the answer to decide whether the connection can
+		// be reused: left a keepOpen, it took the body for unread and
+		// closed the connection with the rest unread, the reset this
+		// function is here to prevent.
+		r.Body = body
+		if body == nil || body == http.NoBody {
+			return
+		}
+		drain := limit
+		if r.ProtoMajor == 1 {
+			if r.ContentLength > limitHTTP1 || strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+				return
+			}
+			drain = limitHTTP1
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, drain))
 	})
 }
+
+// keepOpen is a request body whose Close does nothing (finishBody).
+type keepOpen struct{ io.ReadCloser }
+
+func (keepOpen) Close() error { return nil }
 
 // liveReads marks every answer to a Connect GET (a read of live state:
 // a reservation, an account, a list) Cache-Control: no-store. Without it
@@ -311,8 +357,10 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			// (connect would answer resource_exhausted, a 429 a client
 			// takes for a capacity rejection). Connect reads a unary body
 			// whole anyway, so this holds no more than it would.
+			// The body is not closed here: past the limit finishBody
+			// reads the rest, so the client reads the 413 (net/http
+			// closes the body once the answer is given).
 			body, err := io.ReadAll(io.LimitReader(r.Body, s.maxBody+1))
-			r.Body.Close()
 			if err != nil {
 				http.Error(w, "reading request body: "+err.Error(), http.StatusBadRequest)
 				return
@@ -338,8 +386,7 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			// A compressed Connect body is decompressed here, up to the
 			// limit, for the same reason: one that inflates past it would
 			// otherwise reach connect's read limit and answer 429.
-			body, err := gunzipAtMost(r.Body, s.maxBody+1)
-			r.Body.Close()
+			body, err := gunzipAtMost(r.Body, s.maxBody+1) // not closed: as for a chunked body
 			if err != nil {
 				s.badBody(w, "request body: gzip: "+err.Error())
 				return

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""The contract walk: docs/API.md and docs/CLIENTS.md checked from outside.
+
+A gateway author in another language knows only those two pages; this
+script is such a client (Python 3, standard library only: http.client,
+json) and checks their promises against a running `capledger serve`:
+every RPC's fields and defaults, the Errors table (code, HTTP status,
+reason, message, Retry-After), malformed bodies, auth and scopes,
+batches, page tokens, time and duration formats, retention's tombstones,
+gRPC-Web framing, and the transport limits.
+
+    go build -o /tmp/cw-capledger ./cmd/capledger
+    python3 scripts/contractwalk/walk.py /tmp/cw-capledger
+
+It starts two servers of its own on free loopback ports, in a temporary
+directory (one with a tokens file, one with a retention window of 1 s),
+runs the parts in parts/ in order (they share state), prints a line for
+every promise the server broke (MISMATCH name :: what it answered) and
+exits 1 if there was one. About a minute and a half: some parts wait for
+refill (a Retry-After is a promise, so they wait it out and retry) and
+for retention's tombstone horizon.
+"""
+import base64
+import glob
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+TOKENS = """\
+s3cr3t-admin-token-000001  admin    ops
+s3cr3t-gw-a-token-0000001  gateway  gw-a     subjects=tenant-a/* routes=chat.*
+s3cr3t-gw-b-token-0000001  gateway  gw-b     subjects=tenant-b/*
+s3cr3t-dash-b-token-00001  viewer   dash-b   subjects=tenant-b/*
+s3cr3t-gw-all-token-00001  gateway  gw-all
+s3cr3t-view-token-0000001  viewer   view
+"""
+ADMIN = 's3cr3t-admin-token-000001'
+GWA = 's3cr3t-gw-a-token-0000001'
+GWB = 's3cr3t-gw-b-token-0000001'
+DASHB = 's3cr3t-dash-b-token-00001'
+GW = 's3cr3t-gw-all-token-00001'
+VIEW = 's3cr3t-view-token-0000001'
+
+FAILS = []
+N = [0]
+PORT = 0
+
+
+def call(method, body, token=ADMIN, headers=None, svc='LedgerService', http_method='POST', raw=None, path=None):
+    """One request; returns (status, decoded JSON or None, lower-cased headers, raw body)."""
+    c = http.client.HTTPConnection('127.0.0.1', PORT, timeout=60)
+    h = {'Content-Type': 'application/json'}
+    if token:
+        h['Authorization'] = 'Bearer ' + token
+    for k, v in (headers or {}).items():
+        if v is None:
+            h.pop(k, None)
+        else:
+            h[k] = v
+    if raw is not None:
+        data = raw
+    elif body is None:
+        data = b''
+    else:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    p = path or '/capledger.v1.%s/%s' % (svc, method)
+    if http_method == 'GET':
+        data = None
+        h.pop('Content-Type', None)
+    c.request(http_method, p, body=data, headers=h)
+    r = c.getresponse()
+    b = r.read()
+    c.close()
+    try:
+        j = json.loads(b) if b else None
+    except Exception:
+        j = None
+    return r.status, j, dict((k.lower(), v) for k, v in r.getheaders()), b
+
+
+def reason(j):
+    try:
+        return j['details'][0]['debug'].get('reason')
+    except Exception:
+        return None
+
+
+def check(name, cond, info=''):
+    N[0] += 1
+    if not cond:
+        FAILS.append(name)
+        print('MISMATCH', name, '::', str(info)[:600])
+
+
+def expect(name, res, status, code=None, rsn=None, msg=None, match='exact', nodetail=False):
+    s, j, h, b = res
+    ok = s == status
+    if code is not None:
+        ok = ok and j is not None and j.get('code') == code
+    if rsn is not None:
+        ok = ok and reason(j) == rsn
+    if msg is not None and j is not None:
+        m = j.get('message', '')
+        ok = ok and ((m == msg) if match == 'exact' else (m.startswith(msg) if match == 'prefix' else msg in m))
+    if nodetail:
+        ok = ok and (j is None or 'details' not in j)
+    check(name, ok, (s, b[:400]))
+    return res
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start(binary, workdir, name, extra):
+    port = free_port()
+    log = open(os.path.join(workdir, name + '.log'), 'w')
+    proc = subprocess.Popen([binary, 'serve', '--addr', '127.0.0.1:%d' % port, '--data-dir', os.path.join(workdir, name),
+                             '--tokens', os.path.join(workdir, 'tokens')] + extra, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=1)
+            c.request('GET', '/readyz')
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    sys.exit('%s did not become ready: see %s' % (name, log.name))
+
+
+def main():
+    global PORT
+    binary = sys.argv[1] if len(sys.argv) > 1 else os.environ.get('CAPLEDGER_BIN', '/tmp/cw-capledger')
+    workdir = tempfile.mkdtemp(prefix='contractwalk-')
+    with open(os.path.join(workdir, 'tokens'), 'w') as f:
+        f.write(TOKENS)
+    main_proc, port1 = start(binary, workdir, 'main', [])
+    ret_proc, port2 = start(binary, workdir, 'retention', ['--retention', '1s', '--retention-interval', '200ms', '--tombstone-retention', '20s'])
+    PORT = port1
+    ns = globals()
+    ns.update(PORT1=port1, PORT2=port2, STATE={})
+    try:
+        for part in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'parts', '*.py'))):
+            before = len(FAILS)
+            print('==', os.path.basename(part))
+            sys.stdout.flush()
+            try:
+                exec(compile(open(part).read(), part, 'exec'), ns)
+            except Exception as e:  # a part that crashes is a mismatch too
+                FAILS.append(part)
+                print('MISMATCH', os.path.basename(part), 'crashed ::', repr(e)[:400])
+            ns['PORT'] = port1
+            if len(FAILS) > before:
+                print('   %d mismatches in %s' % (len(FAILS) - before, os.path.basename(part)))
+    finally:
+        for p in (main_proc, ret_proc):
+            p.terminate()
+            p.wait(timeout=30)
+    print('%d promises checked, %d broken (servers\' logs in %s)' % (N[0], len(FAILS), workdir))
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == '__main__':
+    main()
