@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -258,4 +259,41 @@ func TestOwingReview6FrozenRetryAfterForARequestThatCannotFitBesideHolds(t *test
 		t.Fatalf("refused with Retry-After %s (%v); the retry after it: %v (%s, retry after %s)",
 			first.RetryAfter, first.Err, res.Err, res.Dimension, res.RetryAfter)
 	}
+}
+
+// The limitation docs/ROLLOUT.md states ("its Retry-After can be shorter
+// than the wait when the request, with the debt the deciding
+// generation's account owes in a unit, needs more of that unit than the
+// owing current account's burst has room for beside the subject's
+// holds"), as the walk met it: g1 (tokens, images) holds an image and
+// owes tokens and an image when g2 (images) is published; a record
+// leaves g2's account owing an image. A reserve of 1 image waits 3 s
+// (the tokens debt); then the switch finds g1's refill stopped at its
+// burst beside the hold and g2's debt takes it: a second refusal,
+// INSUFFICIENT_CAPACITY, whose Retry-After, the subject having switched,
+// holds.
+func TestOwingReview6RetryAfterBesideHoldsAboveTheCurrentBurst(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(exploreDims[0], exploreDims[2]))
+	c.must(c.reserve("a", 419, 1))
+	c.must(c.reserve("b", 275))
+	record := func(id string, units ...ledger.Units) {
+		var a ledger.Amounts
+		copy(a[:], units)
+		c.apply(ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: "rec-" + id, OperationID: "op-" + id,
+			Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: a})
+	}
+	record("r1", 282)
+	record("r2", 256, 2) // g1 owes 232 tokens and an image
+	c.publish(policyOf(exploreDims[2]))
+	record("r3", 1)
+	first := c.reserve("c", 1)
+	mustFrozenBy(t, first, "tokens", 2, 3*time.Second)
+	c.advance(first.RetryAfter)
+	second := c.reserve("d", 1)
+	if !errors.Is(second.Err, ledger.ErrInsufficientCapacity) || second.RetryAfter == 0 {
+		t.Fatalf("retry after the freeze: %v, retry after %s; want the limitation's second refusal, insufficient capacity with a Retry-After", second.Err, second.RetryAfter)
+	}
+	c.advance(second.RetryAfter)
+	c.must(c.reserve("e", 1))
 }
