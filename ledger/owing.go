@@ -155,6 +155,15 @@ func markOwing(b Book, a *Account, now time.Time) {
 			b.AccountPut(current)
 		}
 		makeCurrent(b, a, now)
+		// The subject is frozen under p now: p's account is a member,
+		// as a freeze keeps it (intoDeciding), so debt it owes in a
+		// unit a does not limit (the switch to p moved it there) is
+		// tracked even if another generation decides before the
+		// subject's next command, and it refills from now on what a
+		// does not (settleOwing).
+		if old := owingOf(b, subject); !slices.Contains(old, p.Generation) {
+			owingPut(b, subject, old, append(slices.Clone(old), p.Generation))
+		}
 	}
 }
 
@@ -236,7 +245,7 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 		// it may hold less than its burst there (openAccount opens a
 		// re-added unit at 0), and nobody else refills them. Out of
 		// the set it was not frozen under p until now (a freeze keeps
-		// it in, intoDeciding): it refills from now, as an
+		// it in, intoDeciding, markOwing): it refills from now, as an
 		// account made current does, not for the time the subject's
 		// capacity was refilled elsewhere.
 		members = append(members, p.Generation)

@@ -15,7 +15,8 @@ import (
 // TestOwingExplore walks random histories of one subject over three
 // units (exploreDims; every generation a random subset with the same
 // terms per unit): publishes, rollbacks, reserves, late settles above
-// the hold, releases, records, drains and refills. Besides the harness's
+// the hold, releases, records, drains, refills, and legacy budgets carved
+// and reconciled (used beyond them too). Besides the harness's
 // checks after every command (audit, step, held elsewhere) it checks
 // after each step that the capacity created for the subject in each unit
 // (openings and refill mints) stays within one bucket's (burst + refill
@@ -54,15 +55,22 @@ func TestOwingExplore(t *testing.T) {
 						t.Logf("  advance %v", s.advance)
 						continue
 					}
-					t.Logf("  %s %s %v", s.desc, s.cmd.ReservationID, s.cmd.Units[:3])
+					t.Logf("  %s %s %v (after %v)", s.desc, s.cmd.ReservationID, s.cmd.Units[:3], s.advance)
+					if s.cmd.Shard != nil && len(s.cmd.Shard.Receipts) > 0 {
+						t.Logf("    receipt %+v", s.cmd.Shard.Receipts[0])
+					}
 				}
 			}
 		}
 	}
+	t.Logf("legacy budgets carved %d, reconciliations tried %d", exploreCarved, exploreReconciled)
 	if len(found) > 0 {
 		t.Logf("failures by kind: %v", found)
 	}
 }
+
+// exploreCarved and exploreReconciled count the walks' legacy steps.
+var exploreCarved, exploreReconciled int
 
 // panicFailer fails by panicking, so a walk's failure is recovered and
 // reported with its seed.
@@ -159,6 +167,7 @@ func exploreSeed(seed int, retry bool) (string, []exploreStep) {
 	var steps []exploreStep
 	var ids []string
 	var gens []uint64
+	var budgets []string
 	msg := func() (msg string) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -211,7 +220,11 @@ func exploreSeed(seed int, retry bool) (string, []exploreStep) {
 					cmd2 := cmd
 					cmd2.ReservationID += "-retry"
 					cmd2.RequestDigest += "-retry"
+					// A failure of the retry itself is the walk's, with
+					// the retry as its last step.
+					steps = append(steps, exploreStep{cmd: cmd2, advance: res.RetryAfter, desc: "retry"})
 					again := fork.apply(cmd2)
+					steps = steps[:len(steps)-1]
 					if again.Err != nil && !errors.Is(again.Err, ledger.ErrReservationTooLarge) {
 						panic(fmt.Sprintf("retry-after: refused %v (%s %v); retry after it: %v (%s %v)", res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter))
 					}
@@ -239,6 +252,35 @@ func exploreSeed(seed int, retry bool) (string, []exploreStep) {
 				a := shaped(c, rng, 300, 3)
 				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: "rec-" + id, OperationID: "op-" + id,
 					Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: a}, desc: "record"})
+			case k < 18:
+				id := fmt.Sprintf("lb%d", step)
+				res := do(exploreStep{cmd: ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+					Region: testSubject.Region, Units: shaped(c, rng, 300, 2),
+					Shard: &ledger.ShardArgs{ShardID: id, GatewayID: ledger.LegacyGateway("old"), BootEpoch: 1, TTL: time.Hour,
+						KeyID: "k1", Sign: ledger.Ed25519ShardSigner(shardKey), Legacy: true}}, desc: "carve " + id})
+				if res.Err == nil {
+					budgets = append(budgets, id)
+					exploreCarved++
+				}
+			case k < 19 && len(budgets) > 0:
+				id := budgets[rng.IntN(len(budgets))]
+				sh, ok := c.m.Shard(id)
+				if !ok {
+					continue
+				}
+				var actual ledger.Amounts
+				for i := range actual {
+					actual[i] = rng.Int64N(sh.Allocated[i]*3/2 + 1)
+				}
+				actual[0]++
+				state := ledger.StateSettled
+				if actual[0] > sh.Allocated[0] || actual[1] > sh.Allocated[1] || actual[2] > sh.Allocated[2] {
+					state = ledger.StateSettledWithDebt
+				}
+				receipts := []ledger.ShardReceipt{{ReservationID: "u-" + id, State: state, Reserved: sh.Allocated, Actual: actual}}
+				exploreReconciled++
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindShardReconcile,
+					Shard: &ledger.ShardArgs{ShardID: id, GatewayID: ledger.LegacyGateway("old"), Receipts: receipts}}, desc: "reconcile " + id})
 			default:
 				do(exploreStep{advance: time.Duration(rng.IntN(4000)) * time.Millisecond})
 			}

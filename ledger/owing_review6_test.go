@@ -297,3 +297,40 @@ func TestOwingReview6RetryAfterBesideHoldsAboveTheCurrentBurst(t *testing.T) {
 	c.advance(second.RetryAfter)
 	c.must(c.reserve("e", 1))
 }
+
+// Promise (docs/ROLLOUT.md Limitations: a legacy budget reconciled after
+// the drop charges its usage beyond the budget to its own account, which
+// "joins the subject's owing accounts and freezes it until its refill
+// repays the debt"; DESIGN.md: while debt > 0 nothing is admitted). g1
+// (tokens, images) carves a legacy budget of 118 tokens; g2 (tokens,
+// requests, images) takes over and owes a request (a record). g3
+// (requests) is published and the budget reconciles 121 tokens used: the
+// reconciliation switches the subject to g3 (which takes g2's request
+// debt), then charges 3 tokens to g1, which g3 does not limit, and makes
+// g1 current in place of g3: g3's request debt, in a unit g1 does not
+// limit, stays on g3, which was in no set. g4 (images) is published; at
+// 2 s g1 has repaid its tokens, the subject switches to g4, and a reserve
+// is admitted while g3 still owes its request (nothing refilled it).
+func TestOwingReview6LegacyDebtReplacesOwingDecidingAccount(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(exploreDims[0], exploreDims[2]))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+		Region: testSubject.Region, Units: ledger.Amounts{118},
+		Shard: &ledger.ShardArgs{ShardID: "lb", GatewayID: ledger.LegacyGateway("old"), BootEpoch: 1, TTL: time.Hour,
+			KeyID: "k1", Sign: ledger.Ed25519ShardSigner(shardKey), Legacy: true}}))
+	c.publish(policyOf(exploreDims...))
+	c.must(c.reserve("a", 188, 2))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRecord, ReservationID: "rec", RequestDigest: "rec-rec", OperationID: "op-rec",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{242, 1, 1}}))
+	g3 := c.publish(policyOf(exploreDims[1]))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: "lb", GatewayID: ledger.LegacyGateway("old"),
+		Receipts: []ledger.ShardReceipt{{ReservationID: "u", State: ledger.StateSettledWithDebt, Reserved: ledger.Amounts{118}, Actual: ledger.Amounts{121}}}}}))
+	c.publish(policyOf(exploreDims[2]))
+	c.advance(2 * time.Second)
+	// The harness's step check refuses an admission while any account of
+	// the subject owes; g3's refill repays its request meanwhile only if
+	// it is tracked.
+	if res := c.reserve("x", 2); res.Err == nil && c.account(g3).Balances[0].Debt() > 0 {
+		t.Fatalf("2 images admitted while generation %d owes requests %+v", g3, c.account(g3).Balances[0])
+	}
+}
