@@ -586,6 +586,12 @@ func forward(b Book, account *Account, ap *Policy, ended *Amounts, kind Kind, re
 	if !ok || target.Key == account.Key {
 		return
 	}
+	// The switch, or a frozen subject's owing set (intoDeciding), may
+	// have moved what account held: read it again, or the move below
+	// would move it a second time from the copy.
+	if fresh, found := b.Account(account.Key); found {
+		account = fresh
+	}
 	if tp == p {
 		bringToNow(b, target, p, now, !p.RolledBack)
 		b.AccountPut(target)

@@ -19,8 +19,12 @@ import (
 // (Record); a shard's overuse charged to its own account (markOwing is
 // the function a caller outside this file uses). It leaves once it owes
 // nothing (unless it holds capacity in a unit p limits that has not
-// moved yet, settleOwing), or when the subject switches to the deciding generation,
-// which takes its remaining debt (releaseOwing).
+// moved yet, settleOwing; what it holds in a unit p does not limit is
+// then left behind, leaveBehind), or when the subject switches to the
+// deciding generation, which takes its remaining debt (releaseOwing).
+// The deciding generation's account is a member while the subject is
+// frozen under it (intoDeciding), so a generation deciding after it
+// finds it as any other.
 //
 // One rule keeps the subject's capacity in one place: whenever the
 // current pointer moves from one account to another (a switch, switchTo;
@@ -151,6 +155,15 @@ func markOwing(b Book, a *Account, now time.Time) {
 			b.AccountPut(current)
 		}
 		makeCurrent(b, a, now)
+		// The subject is frozen under p now: p's account is a member,
+		// as a freeze keeps it (intoDeciding), so debt it owes in a
+		// unit a does not limit (the switch to p moved it there) is
+		// tracked even if another generation decides before the
+		// subject's next command, and it refills from now on what a
+		// does not (settleOwing).
+		if old := owingOf(b, subject); !slices.Contains(old, p.Generation) {
+			owingPut(b, subject, old, append(slices.Clone(old), p.Generation))
+		}
 	}
 }
 
@@ -225,12 +238,18 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 	pKey := key
 	pKey.Generation = p.Generation
 	_, pExists := b.Account(pKey)
+	pJoins := false
 	if pExists && current != p.Generation && !slices.Contains(members, p.Generation) {
 		// p's account refills the units the current account does not
 		// limit while the subject is frozen, also when it owes nothing:
 		// it may hold less than its burst there (openAccount opens a
-		// re-added unit at 0), and nobody else refills them.
+		// re-added unit at 0), and nobody else refills them. Out of
+		// the set it was not frozen under p until now (a freeze keeps
+		// it in, intoDeciding, markOwing): it refills from now, as an
+		// account made current does, not for the time the subject's
+		// capacity was refilled elsewhere.
 		members = append(members, p.Generation)
+		pJoins = true
 	}
 	var owing []uint64 // members that owe debt p does not limit
 	for _, g := range members {
@@ -251,13 +270,21 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 					skip = 0 // the current account refills only to repay
 				}
 				// A unit the current account does not refill is the
-				// subject's capacity only here: it refills fully.
+				// subject's capacity only here: it refills fully,
+				// beside the subject's holds the switch will count
+				// on it (heldAtSwitch).
 				rollEpoch(b, m, p, now)
+				if pJoins {
+					for i := 0; i < m.Dims; i++ {
+						m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
+					}
+				}
+				held := heldAtSwitch(b, key, current, currentPolicy, m, p)
 				// The current account refilled the skipped units up
 				// to now (their cursors move to now): if a later
 				// current one does not limit them, this account
 				// repays them from now on.
-				if before, minted := refillUpTo(m, p, now, 0, skip, nil); minted {
+				if before, minted := refillUpTo(m, p, now, 0, skip, &held); minted {
 					journal(b, m, &before, KindRefill, "", 0, 0, "", now)
 				}
 			}
@@ -284,8 +311,15 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 		}
 		b.AccountPut(m)
 		if _, debt := m.Debt(); debt == 0 {
-			if g != current && g != p.Generation && holdsFor(m, mp, p) {
-				rest = append(rest, g)
+			if g != current && g != p.Generation {
+				if holdsFor(m, mp, p) {
+					rest = append(rest, g)
+				} else {
+					// It leaves the set, and with it whatever it
+					// holds in a unit p does not limit, as a move
+					// to p's account would leave it (moveBetween).
+					leaveBehind(b, m, mp, p)
+				}
 			}
 			continue
 		}
@@ -328,6 +362,39 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 	return a, ap, true, nil
 }
 
+// leaveBehind marks every unit of a (under its policy ap) that p does
+// not limit as left behind (metaLeftBehind), whatever a holds there, as
+// moveBetween does for a move to an account of p: a member leaving the
+// subject's owing set without a move may hold capacity there (p's
+// account opened while the subject was frozen, a unit its burst filled),
+// and a later generation limiting the unit again opens it at 0.
+func leaveBehind(b Book, a *Account, ap, p *Policy) {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+			noteLeftBehind(b, a.Key.SubjectKey(), ap.Dimensions[i].Unit)
+		}
+	}
+}
+
+// heldAtSwitch returns, per dimension of pa (p's account, not current),
+// the subject's holds a switch from its current account (generation
+// current, under cp; key names the subject) to pa would count on pa
+// (carryHeld, run on copies): the current account's own holds and those
+// it counts elsewhere, less pa's own. While the subject is frozen pa
+// refills beside them, so that what it holds available fits the burst
+// once the switch counts them. Zero when the current account or its
+// policy cannot be read.
+func heldAtSwitch(b Book, key AccountKey, current uint64, cp *Policy, pa *Account, p *Policy) Amounts {
+	key.Generation = current
+	cur, ok := b.Account(key)
+	if !ok || cp == nil {
+		return Amounts{}
+	}
+	from, to := *cur, *pa
+	carryHeld(&from, cp, &to, p)
+	return to.HeldElsewhere
+}
+
 // intoDeciding is settleOwing's last step while the subject is frozen
 // under p: p's account is opened if it does not exist yet
 // (decidingAccount: a re-added unit opens at 0), so that it refills the
@@ -340,7 +407,9 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 // then by its refill while the subject is frozen (slowestOwing counts
 // it), and no member keeps the subject's capacity beside it. It returns
 // rest without the members left owing and holding nothing p limits, with
-// p's account when it owes.
+// p's account (it stays in the set while the subject is frozen under p).
+// A rolled-back current account moves its debt and capacity in units p
+// limits there too (it refills none of them).
 func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.Time) []uint64 {
 	current, ok := b.AccountCurrent(subject)
 	if !ok || current == p.Generation {
@@ -352,6 +421,17 @@ func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.
 	}
 	pa := decidingAccount(b, subject, p, cp, now)
 	key := pa.Key
+	if !refillsFor(cp) {
+		// A rolled-back current account refills nothing pa limits
+		// (bringOwingToNow), and pa refills those units fully
+		// (settleOwing): its debt and capacity there move to pa now,
+		// as the switch would move them, so pa's refill repays that
+		// debt during the freeze instead of stopping at the burst.
+		key.Generation = current
+		if cur, ok := b.Account(key); ok {
+			owingMove(b, cur, pa, now)
+		}
+	}
 	kept := rest[:0:0]
 	for _, g := range rest {
 		if g == current || g == p.Generation {
@@ -369,7 +449,13 @@ func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.
 			kept = append(kept, g)
 		}
 	}
-	if owes(pa) && !slices.Contains(kept, p.Generation) {
+	// pa stays in the set while the subject is frozen under p: it
+	// refills there (settleOwing), and should another generation decide
+	// before the subject switches to p (a publish, a rollback of p), pa
+	// is a member like any other, so the new deciding account opens the
+	// units pa holds at 0 (openAccount) and the switch moves pa's
+	// capacity there (releaseOwing), not a second burst beside it.
+	if !slices.Contains(kept, p.Generation) {
 		kept = append(kept, p.Generation)
 	}
 	return kept
@@ -525,8 +611,13 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			// p's account refills it fully (settleOwing): the debt,
 			// then the request, less what is available there now. A
 			// request that does not fit beside the holds there however
-			// long it refills is the switch's refusal to name (admit).
-			if debt <= 0 && units[i] > d.Burst-m.Balances[i].Reserved {
+			// long it refills gets no Retry-After, as admit answers
+			// it: only holds ending make room, and a retry after the
+			// freeze would be refused. (Holds the switch would count
+			// there are the current account's, in a unit it limits,
+			// where admit on it refuses so already, refuseOwing.)
+			if units[i] > d.Burst-m.Balances[i].Reserved {
+				consider(d.Unit, 0)
 				continue
 			}
 			if shortfall := debt + units[i] - m.Balances[i].Available; shortfall > 0 {

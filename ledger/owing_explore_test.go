@@ -1,0 +1,421 @@
+package ledger_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// TestOwingExplore walks random histories of one subject over three
+// units (exploreDims; every generation a random subset with the same
+// terms per unit): publishes, rollbacks, reserves, late settles above
+// the hold, releases, records, drains, refills, and legacy budgets carved
+// and reconciled (used beyond them too). Besides the harness's
+// checks after every command (audit, step, held elsewhere) it checks
+// after each step that the capacity created for the subject in each unit
+// (openings and refill mints) stays within one bucket's (burst + refill
+// for the time since the unit was first opened), and that the subject's
+// holds in a unit no generation left behind stay within its burst. With
+// EXPLORE_RETRY set it also retries each refusal with a Retry-After in a
+// replay after the wait and reports a second refusal (see the report of
+// the sixth review: cases remain). EXPLORE_SEEDS sets the number of
+// histories (600 by default); EXPLORE_DUMP=<seed> logs that history, cut
+// down to the steps that keep the failure.
+func TestOwingExplore(t *testing.T) {
+	seeds, _ := strconv.Atoi(os.Getenv("EXPLORE_SEEDS"))
+	if seeds == 0 {
+		seeds = 600
+	}
+	retry := os.Getenv("EXPLORE_RETRY") != ""
+	found := map[string]int{}
+	for seed := 0; seed < seeds; seed++ {
+		if msg, steps := exploreSeed(seed, retry); msg != "" {
+			key := msg
+			if i := strings.IndexAny(key, "0123456789"); i > 0 {
+				key = key[:i]
+			}
+			found[key]++
+			if found[key] <= 2 {
+				t.Errorf("seed %d: %s", seed, msg)
+			}
+			if os.Getenv("EXPLORE_DUMP") == strconv.Itoa(seed) {
+				if strings.HasPrefix(msg, "retry-after") {
+					steps = minimizeRetry(steps)
+				} else {
+					steps = minimizeMint(steps, key)
+				}
+				for _, s := range steps {
+					if s.cmd.Kind == 0 {
+						t.Logf("  advance %v", s.advance)
+						continue
+					}
+					t.Logf("  %s %s %v (after %v)", s.desc, s.cmd.ReservationID, s.cmd.Units[:3], s.advance)
+					if s.cmd.Shard != nil && len(s.cmd.Shard.Receipts) > 0 {
+						t.Logf("    receipt %+v", s.cmd.Shard.Receipts[0])
+					}
+				}
+			}
+		}
+	}
+	t.Logf("legacy budgets carved %d, reconciliations tried %d", exploreCarved, exploreReconciled)
+	if len(found) > 0 {
+		t.Logf("failures by kind: %v", found)
+	}
+}
+
+// exploreCarved and exploreReconciled count the walks' legacy steps.
+var exploreCarved, exploreReconciled int
+
+// panicFailer fails by panicking, so a walk's failure is recovered and
+// reported with its seed.
+type panicFailer struct{}
+
+func (panicFailer) Helper()                           {}
+func (panicFailer) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (panicFailer) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// exploreStep is one step of a walk: a command, or time passing.
+type exploreStep struct {
+	cmd     ledger.Command
+	advance time.Duration
+	desc    string
+}
+
+// exploreDims are the walk's units, each with the same terms in every
+// generation that limits it.
+var exploreDims = []ledger.Dimension{
+	{Unit: "tokens", Burst: 1000, RefillUnits: 100, RefillInterval: time.Second, MaxOverdraft: 500},
+	{Unit: "requests", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5},
+	{Unit: "images", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5},
+}
+
+// exploreReplay applies steps to a fresh harness that fails by panicking.
+func exploreReplay(steps []exploreStep) *checked {
+	c := &checked{t: panicFailer{}}
+	sb := newStoreBook()
+	c.m, c.book, c.now, c.prev = sb.m, sb, t0, sb.m.Snapshot()
+	for _, s := range steps {
+		c.advance(s.advance)
+		if s.cmd.Kind != 0 {
+			c.apply(s.cmd)
+		}
+	}
+	return c
+}
+
+// mintBound returns, for the first unit where one is broken, which of two
+// bounds of one bucket is: the capacity created for the subject (openings
+// and refill mints in the journal) within burst + refill for the time
+// since the unit was first opened, and, in a unit no generation left
+// behind (the documented gap of HeldElsewhere), the subject's holds
+// within the burst; "" when both hold.
+func mintBound(c *checked) string {
+	for _, d := range exploreDims {
+		var first time.Time
+		var fresh ledger.Units
+		for _, e := range c.m.Journal {
+			p, ok := c.m.Policy(e.Account.Generation)
+			if !ok {
+				continue
+			}
+			i := p.DimensionIndex(d.Unit)
+			if i < 0 {
+				continue
+			}
+			if e.ReceiptID == "open" && first.IsZero() {
+				first = e.At
+			}
+			fresh += e.Delta[i].Opening
+			if e.Kind == ledger.KindRefill {
+				fresh += e.Delta[i].Minted
+			}
+		}
+		if first.IsZero() {
+			continue
+		}
+		if c.m.Meta(ledger.MetaLeftBehind(testSubject, d.Unit)) == 0 {
+			var held ledger.Units
+			for _, a := range c.m.Accounts() {
+				if p, ok := c.m.Policy(a.Key.Generation); ok {
+					if i := p.DimensionIndex(d.Unit); i >= 0 {
+						held += a.Balances[i].Reserved
+					}
+				}
+			}
+			if held > d.Burst {
+				return fmt.Sprintf("%s: %d held on a burst of %d", d.Unit, held, d.Burst)
+			}
+		}
+		bound := d.Burst + d.RefillUnits*ledger.Units(c.now.Sub(first)/d.RefillInterval)
+		if fresh > bound {
+			return fmt.Sprintf("%s: %d created, one bucket allows %d", d.Unit, fresh, bound)
+		}
+	}
+	return ""
+}
+
+// exploreSeed walks the history of seed; it returns the first failure
+// ("" for none) and the steps taken.
+func exploreSeed(seed int, retry bool) (string, []exploreStep) {
+	rng := &splitmix{state: uint64(seed)*0x9e3779b97f4a7c15 + 7}
+	var steps []exploreStep
+	var ids []string
+	var gens []uint64
+	var budgets []string
+	msg := func() (msg string) {
+		defer func() {
+			if r := recover(); r != nil {
+				msg = fmt.Sprint(r)
+			}
+		}()
+		c := exploreReplay(nil)
+		do := func(s exploreStep) ledger.Result {
+			steps = append(steps, s)
+			c.advance(s.advance)
+			if s.cmd.Kind == 0 {
+				return ledger.Result{}
+			}
+			return c.apply(s.cmd)
+		}
+		n := 10 + rng.IntN(40)
+		for step := 0; step < n; step++ {
+			switch k := rng.IntN(20); {
+			case k < 3 || len(gens) == 0:
+				var dims []ledger.Dimension
+				for i, d := range exploreDims {
+					if i == 0 && rng.IntN(6) > 0 || i > 0 && rng.IntN(2) == 0 {
+						dims = append(dims, d)
+					}
+				}
+				if len(dims) == 0 {
+					dims = append(dims, exploreDims[0])
+				}
+				p := ledger.Policy{Key: testSubject, Dimensions: dims, HoldTTL: time.Duration(30+step) * time.Second}.WithDefaults()
+				res := do(exploreStep{cmd: ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}, desc: fmt.Sprint("publish ", units(dims))})
+				if res.Err == nil {
+					gens = append(gens, res.Generation)
+				}
+			case k < 4:
+				g := gens[rng.IntN(len(gens))]
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: testSubject, Generation: g}, desc: fmt.Sprint("rollback ", g)})
+			case k < 9:
+				id := fmt.Sprintf("r%d", step)
+				a := shaped(c, rng, 600, 3)
+				cmd := ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+					Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: a}
+				res := do(exploreStep{cmd: cmd, desc: "reserve"})
+				if res.Err == nil {
+					ids = append(ids, id)
+					continue
+				}
+				if retry && res.RetryAfter > 0 && (errors.Is(res.Err, ledger.ErrAdmissionFrozen) || errors.Is(res.Err, ledger.ErrInsufficientCapacity)) {
+					fork := exploreReplay(steps)
+					fork.advance(res.RetryAfter)
+					cmd2 := cmd
+					cmd2.ReservationID += "-retry"
+					cmd2.RequestDigest += "-retry"
+					// A failure of the retry itself is the walk's, with
+					// the retry as its last step.
+					steps = append(steps, exploreStep{cmd: cmd2, advance: res.RetryAfter, desc: "retry"})
+					again := fork.apply(cmd2)
+					steps = steps[:len(steps)-1]
+					if again.Err != nil && !errors.Is(again.Err, ledger.ErrReservationTooLarge) {
+						panic(fmt.Sprintf("retry-after: refused %v (%s %v); retry after it: %v (%s %v)", res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter))
+					}
+				}
+			case k < 11 && len(ids) > 0:
+				id := ids[rng.IntN(len(ids))]
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id}, desc: "start " + id})
+			case k < 14 && len(ids) > 0:
+				id := ids[rng.IntN(len(ids))]
+				a := shapedFor(c, id, rng, 900, 6)
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: a}, desc: "settle " + id})
+			case k < 15 && len(ids) > 0:
+				id := ids[rng.IntN(len(ids))]
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindRelease, ReservationID: id}, desc: "release " + id})
+			case k < 16:
+				g := gens[rng.IntN(len(gens))]
+				key := ledger.AccountKey{Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Generation: g}
+				kind := ledger.KindDrain
+				if rng.IntN(2) == 0 {
+					kind = ledger.KindRefill
+				}
+				do(exploreStep{cmd: ledger.Command{Kind: kind, Account: key}, desc: fmt.Sprint(kind, g)})
+			case k < 17:
+				id := fmt.Sprintf("rec%d", step)
+				a := shaped(c, rng, 300, 3)
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: "rec-" + id, OperationID: "op-" + id,
+					Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: a}, desc: "record"})
+			case k < 18:
+				id := fmt.Sprintf("lb%d", step)
+				res := do(exploreStep{cmd: ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+					Region: testSubject.Region, Units: shaped(c, rng, 300, 2),
+					Shard: &ledger.ShardArgs{ShardID: id, GatewayID: ledger.LegacyGateway("old"), BootEpoch: 1, TTL: time.Hour,
+						KeyID: "k1", Sign: ledger.Ed25519ShardSigner(shardKey), Legacy: true}}, desc: "carve " + id})
+				if res.Err == nil {
+					budgets = append(budgets, id)
+					exploreCarved++
+				}
+			case k < 19 && len(budgets) > 0:
+				id := budgets[rng.IntN(len(budgets))]
+				sh, ok := c.m.Shard(id)
+				if !ok {
+					continue
+				}
+				var actual ledger.Amounts
+				for i := range actual {
+					actual[i] = rng.Int64N(sh.Allocated[i]*3/2 + 1)
+				}
+				actual[0]++
+				state := ledger.StateSettled
+				if actual[0] > sh.Allocated[0] || actual[1] > sh.Allocated[1] || actual[2] > sh.Allocated[2] {
+					state = ledger.StateSettledWithDebt
+				}
+				receipts := []ledger.ShardReceipt{{ReservationID: "u-" + id, State: state, Reserved: sh.Allocated, Actual: actual}}
+				exploreReconciled++
+				do(exploreStep{cmd: ledger.Command{Kind: ledger.KindShardReconcile,
+					Shard: &ledger.ShardArgs{ShardID: id, GatewayID: ledger.LegacyGateway("old"), Receipts: receipts}}, desc: "reconcile " + id})
+			default:
+				do(exploreStep{advance: time.Duration(rng.IntN(4000)) * time.Millisecond})
+			}
+			if m := mintBound(c); m != "" {
+				panic("mint bound: " + m)
+			}
+		}
+		return ""
+	}()
+	return msg, steps
+}
+
+// units names dims' units.
+func units(dims []ledger.Dimension) []string {
+	var out []string
+	for _, d := range dims {
+		out = append(out, d.Unit)
+	}
+	return out
+}
+
+// shaped draws units in the deciding policy's dimensions.
+func shaped(c *checked, rng *splitmix, tok, other int64) ledger.Amounts {
+	var a ledger.Amounts
+	p, ok := ledger.ActivePolicy(c.book, testSubject)
+	if !ok {
+		return a
+	}
+	for i, d := range p.Dimensions {
+		if d.Unit == "tokens" {
+			a[i] = rng.Int64N(tok)
+		} else {
+			a[i] = rng.Int64N(other)
+		}
+	}
+	if a == (ledger.Amounts{}) {
+		a[0] = 1
+	}
+	return a
+}
+
+// shapedFor draws settle units in the dimensions of the reservation's own policy.
+func shapedFor(c *checked, id string, rng *splitmix, tok, other int64) ledger.Amounts {
+	var a ledger.Amounts
+	r, ok := c.m.Reservation(id)
+	if !ok {
+		return a
+	}
+	p, ok := c.m.Policy(r.Account.Generation)
+	if !ok {
+		return a
+	}
+	for i, d := range p.Dimensions {
+		if d.Unit == "tokens" {
+			a[i] = rng.Int64N(tok)
+		} else {
+			a[i] = rng.Int64N(other)
+		}
+	}
+	return a
+}
+
+// retryBroken reports whether the last step of steps, a reserve, is
+// refused with a Retry-After after which the same request is refused again.
+func retryBroken(steps []exploreStep) (broken bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			broken = false
+		}
+	}()
+	last := steps[len(steps)-1]
+	if last.cmd.Kind != ledger.KindReserve {
+		return false
+	}
+	c := exploreReplay(steps[:len(steps)-1])
+	c.advance(last.advance)
+	res := c.apply(last.cmd)
+	if res.Err == nil || res.RetryAfter == 0 {
+		return false
+	}
+	c.advance(res.RetryAfter)
+	cmd2 := last.cmd
+	cmd2.ReservationID += "-retry"
+	cmd2.RequestDigest += "-retry"
+	again := c.apply(cmd2)
+	return again.Err != nil && !errors.Is(again.Err, ledger.ErrReservationTooLarge)
+}
+
+// minimizeRetry drops steps (but the last) while retryBroken holds.
+func minimizeRetry(steps []exploreStep) []exploreStep {
+	for changed := true; changed; {
+		changed = false
+		for i := 0; i < len(steps)-1; i++ {
+			try := append(append([]exploreStep{}, steps[:i]...), steps[i+1:]...)
+			if retryBroken(try) {
+				steps, changed = try, true
+				i--
+			}
+		}
+	}
+	return steps
+}
+
+// mintBroken reports whether replaying steps fails with a message that
+// begins with key.
+func mintBroken(steps []exploreStep, key string) (broken bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			broken = strings.HasPrefix(fmt.Sprint(r), key)
+		}
+	}()
+	c := exploreReplay(nil)
+	for _, s := range steps {
+		c.advance(s.advance)
+		if s.cmd.Kind != 0 {
+			c.apply(s.cmd)
+		}
+		if m := mintBound(c); m != "" {
+			panic("mint bound: " + m)
+		}
+	}
+	return false
+}
+
+// minimizeMint drops steps while mintBroken holds.
+func minimizeMint(steps []exploreStep, key string) []exploreStep {
+	for changed := true; changed; {
+		changed = false
+		for i := 0; i < len(steps); i++ {
+			try := append(append([]exploreStep{}, steps[:i]...), steps[i+1:]...)
+			if mintBroken(try, key) {
+				steps, changed = try, true
+				i--
+			}
+		}
+	}
+	return steps
+}
