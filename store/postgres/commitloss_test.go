@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -38,7 +39,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 		Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region,
 		HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(10 * 365 * 24 * time.Hour),
 		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1000, MaxOverdraft: 1000,
-			RefillUnits: 500, RefillInterval: durationpb.New(3 * time.Second)}},
+			RefillUnits: 500, RefillInterval: durationpb.New(rigRefillInterval)}},
 	})
 	reserve := func(c capledgerv1connect.LedgerServiceClient, id string, n int64) (*ledgerv1.ReserveResponse, error) {
 		return rig.reserve(c, tenant7.Subject, id, n)
@@ -90,7 +91,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 		t.Fatalf("settle into debt: %v %v", res, err)
 	}
 	if b := balance(); b.GetDebt() != 300 || b.GetOverdraftRepaid() != 0 {
-		t.Fatalf("after the overuse: %v, want 300 owed (a slow machine refilled first?)", b)
+		t.Fatalf("after the overuse: %v, want 300 owed", b)
 	}
 	if _, err := reserve(viaLossy, "frozen", 1); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("reserve while 300 are owed: %v, want resource exhausted", err)
@@ -98,7 +99,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 	// After a refill interval, 500 are minted by the next command on the
 	// account: 300 repay the debt, 200 fill available, 100 are reserved.
 	// That batch's COMMIT answer is lost; the retries replay its receipt.
-	time.Sleep(3100 * time.Millisecond)
+	rig.passRefillInterval(tenant7.Subject)
 	lost("repaying", func() error { _, err := reserve(viaLossy, "repaying", 100); return err })
 	for _, c := range []capledgerv1connect.LedgerServiceClient{viaLossy, viaOther} {
 		res, err := reserve(c, "repaying", 100)
@@ -106,8 +107,9 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 			t.Errorf("reserve retry: %v %v, want a replay", res, err)
 		}
 	}
-	if b := balance(); b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 {
-		t.Fatalf("after the repayment: %v, want 300 issued and repaid once, 100 reserved, 1300 spent", b)
+	if b := balance(); b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 ||
+		b.GetMinted() != 500 || b.GetAvailable() != 100 {
+		t.Fatalf("after the repayment: %v, want 500 minted once: 300 issued and repaid once, 100 reserved of the 200 it made available, 1300 spent", b)
 	}
 	rig.audit()
 }
@@ -236,6 +238,7 @@ func TestLostCommitAnswerOfADrain(t *testing.T) {
 // first, so that it holds the worker lease, and clients of both.
 type commitLossRig struct {
 	t                  *testing.T
+	dsn                string // the schema's, direct
 	cutter             *commitCutter
 	lossy, other       *replicatest.Replica
 	viaLossy, viaOther capledgerv1connect.LedgerServiceClient
@@ -250,7 +253,7 @@ type commitLossRig struct {
 func newCommitLossRig(t *testing.T, policies ...*ledgerv1.Policy) (*commitLossRig, []uint64) {
 	t.Helper()
 	dsn := schemaDSN(t)
-	rig := &commitLossRig{t: t, cutter: newCommitCutter(t, targetOf(t, dsn))}
+	rig := &commitLossRig{t: t, dsn: dsn, cutter: newCommitCutter(t, targetOf(t, dsn))}
 	bin := replicatest.BuildCapledger(t)
 	rig.lossy = replicatest.StartReplica(t, bin, rig.cutter.dsnVia(t, dsn))
 	httpClient := &http.Client{Timeout: 30 * time.Second}
@@ -367,6 +370,36 @@ func (rig *commitLossRig) balance(subject string) *ledgerv1.Balance {
 	return b
 }
 
+// rigRefillInterval is the refill interval of the rig's refilling
+// policies: a day, so that no refill is due by the clock while a test
+// runs, however slow the machine. A test makes one due when it wants it
+// (passRefillInterval), so what it sees before and after does not depend
+// on how fast the replicas answered.
+const rigRefillInterval = 24 * time.Hour
+
+// passRefillInterval makes the refill of one interval due on the
+// subject's account, as if rigRefillInterval had passed since its last
+// refill: it moves the account's refill cursor (account_terms.refilled_to,
+// nanoseconds) back by the interval, directly in the database. The
+// replicas read the account's rows in every transaction and keep no copy
+// between them, so the next command on the account mints the interval's
+// refill, exactly as after the wait. It changes no term and writes no
+// journal entry: only the time the ledger counts refills from.
+func (rig *commitLossRig) passRefillInterval(subject string) {
+	rig.t.Helper()
+	conn, err := pgx.Connect(context.Background(), rig.dsn)
+	if err != nil {
+		rig.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tag, err := conn.Exec(context.Background(), `UPDATE account_terms SET refilled_to = refilled_to - $1
+		WHERE account_id IN (SELECT id FROM accounts WHERE subject = $2 AND route = $3 AND region = $4)`,
+		int64(rigRefillInterval), subject, tenant7.Route, tenant7.Region)
+	if err != nil || tag.RowsAffected() != 1 {
+		rig.t.Fatalf("move the refill cursor of %s back: %v (%d rows), want the one account's one dimension", subject, err, tag.RowsAffected())
+	}
+}
+
 // audit fails the test unless the ledger's audit is clean.
 func (rig *commitLossRig) audit() {
 	rig.t.Helper()
@@ -394,22 +427,18 @@ func TestLostCommitAnswerOfTheEpochWorkersCloseAndTheNextEpochsRepayment(t *test
 		t.Skip("builds the binary and runs server processes")
 	}
 	const subject = "tenant-epoch"
-	const refillEvery = 4 * time.Second
 	rig, generations := newCommitLossRig(t, &ledgerv1.Policy{
 		Subject: subject, Route: tenant7.Route, Region: tenant7.Region,
 		HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(time.Second),
 		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1000, MaxOverdraft: 1000,
-			RefillUnits: 500, RefillInterval: durationpb.New(refillEvery)}},
+			RefillUnits: 500, RefillInterval: durationpb.New(rigRefillInterval)}},
 	})
 	ctx, generation := context.Background(), generations[0]
-	// 1,300 used of a 1,000 hold: 300 owed, before a refill interval. The
-	// account opens (and starts refilling) between openedFrom and
-	// openedBy.
-	openedFrom := time.Now()
+	// 1,300 used of a 1,000 hold: 300 owed, which no refill repays until
+	// the test makes one due.
 	if _, err := rig.reserve(rig.viaOther, subject, "into-debt", 1000); err != nil {
 		t.Fatal(err)
 	}
-	openedBy := time.Now()
 	rig.start("into-debt")
 	if res, err := rig.settle(rig.viaOther, "into-debt", 1300); err != nil || res.GetReservation().GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT {
 		t.Fatalf("settle into debt: %v %v", res, err)
@@ -420,7 +449,7 @@ func TestLostCommitAnswerOfTheEpochWorkersCloseAndTheNextEpochsRepayment(t *test
 	// the worker soon after it ends.
 	rig.cutter.armFor(subject)
 	if b := rig.balance(subject); b.GetDebt() != 300 {
-		t.Fatalf("after the overuse: %v, want 300 owed (a slow machine refilled first?)", b)
+		t.Fatalf("after the overuse: %v, want 300 owed", b)
 	}
 	for deadline := time.Now().Add(30 * time.Second); rig.cutter.cuts.Load() == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -448,26 +477,22 @@ func TestLostCommitAnswerOfTheEpochWorkersCloseAndTheNextEpochsRepayment(t *test
 		t.Fatalf("statements after the worker's close: %v, want the newest closing 300 owed", closed)
 	}
 
-	// A refill interval after the account opened, the first reserve
-	// mints: 300 repay the debt, the rest fills available. Its COMMIT's
-	// answer is lost; the retries on both replicas replay it.
-	time.Sleep(time.Until(openedBy.Add(refillEvery + 100*time.Millisecond)))
-	lossyStart := time.Now()
+	// A refill interval later, the first reserve mints 500: 300 repay the
+	// debt, 200 fill available. Its COMMIT's answer is lost; the retries
+	// on both replicas replay it. It comes once the epoch the worker's
+	// close opened (a second long) has ended, so that its batch closes
+	// that epoch too: later only means more idle epochs in its statement.
+	rig.passRefillInterval(subject)
+	time.Sleep(time.Until(closed[0].GetEpochEnd().AsTime().Add(time.Second)))
 	rig.lost("repaying", func() error { _, err := rig.reserve(rig.viaLossy, subject, "repaying", 100); return err })
 	for _, c := range []capledgerv1connect.LedgerServiceClient{rig.viaLossy, rig.viaOther} {
 		if res, err := rig.reserve(c, subject, "repaying", 100); err != nil || !res.GetReplayed() {
 			t.Errorf("reserve retry: %v %v, want a replay", res, err)
 		}
 	}
-	b := rig.balance(subject)
-	// GetAccount shows the refill due up to now, 500 for each whole
-	// interval since the account opened: at least as many as had surely
-	// passed when the lost reserve was sent, at most as many as can have
-	// passed by now.
-	least, most := int64(lossyStart.Sub(openedBy)/refillEvery), int64(time.Since(openedFrom)/refillEvery)
-	if b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 ||
-		b.GetMinted()%500 != 0 || b.GetMinted() < 500*least || b.GetMinted() > 500*most {
-		t.Fatalf("after the repayment: %v, want 300 owed and repaid once, 100 reserved, 1,300 spent, 500 minted per interval passed (%d to %d)", b, least, most)
+	if b := rig.balance(subject); b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 ||
+		b.GetMinted() != 500 || b.GetAvailable() != 100 {
+		t.Fatalf("after the repayment: %v, want 500 minted once: 300 owed and repaid once, 100 reserved of the 200 it made available, 1,300 spent", b)
 	}
 	// The reserve's batch closed the idle epochs since the worker's close
 	// in one statement, still owing 300 (the refill came after, in the
