@@ -134,6 +134,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			if err != nil {
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
+			store.Progressed(ctx) // a page read: the caller may bound the wait for the next
 			pagePolicies := newPolicyReads(e.core.store)
 			if err := pagePolicies.load(ctx, page, true); err != nil {
 				return nil, err

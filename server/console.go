@@ -374,6 +374,10 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	case limit == 0:
 		limit = defaultStandings
 	}
+	// Uncapped (storecap.go): the shared ranking bounds its scan by the
+	// store's answers to each page; every other read here is capped.
+	capped, cancel := s.capStore(ctx, "")
+	defer cancel()
 	key := standingsKey(m)
 	if !m.GetInDebt() && key == (ledger.PolicyKey{}) {
 		q := standingsQuestion{scope: scopeKey(ctx), subject: m.GetSubject(), subjectContains: m.GetSubjectContains(),
@@ -384,12 +388,13 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if err != nil {
 			return nil, err
 		}
-		resp, err := c.standingsOf(ctx, ranking)
+		resp, err := c.standingsOf(capped, ranking)
 		if err != nil {
 			return nil, err
 		}
 		return connect.NewResponse(resp), nil
 	}
+	ctx = capped
 	asOf := s.clock()
 	var accounts []ledger.Account
 	var err *connect.Error

@@ -136,6 +136,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}
+		store.Progressed(ctx)
 		// Only the account that admits for each subject now counts.
 		counted := func(a *ledger.Account) bool {
 			k := a.Key

@@ -172,8 +172,8 @@ func protobufCall(ctx context.Context) bool {
 }
 
 // grpcUnary is the interceptor of every directly registered method: the
-// checks the connect interceptors make (authCheck, console counts), by
-// the same functions, and connect errors turned into the status, details
+// checks the connect interceptors make (authCheck, console counts, the
+// store cap of storecap.go), by the same functions, and connect errors turned into the status, details
 // and trailers connect's gRPC protocol would answer.
 func (s *Server) grpcUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if s.auth != nil {
@@ -191,7 +191,10 @@ func (s *Server) grpcUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 		s.console.count(info.FullMethod, nil, cerr)
 		return nil, grpcError(ctx, cerr)
 	}
-	resp, err := handler(ctx, req)
+	capped, cancel := s.capStore(ctx, info.FullMethod)
+	defer cancel()
+	resp, err := handler(capped, req)
+	err = s.storeCapError(ctx, err, false) // the direct methods all write
 	s.console.count(info.FullMethod, resp, err)
 	if err != nil {
 		return nil, grpcError(ctx, err)

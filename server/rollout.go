@@ -372,7 +372,7 @@ func (svc *rolloutService) drainQuestionOf(ctx context.Context, gens []uint64) (
 }
 
 func registerRolloutService(mux *http.ServeMux, s *Server, rollouts store.Rollouts, drains Drains, options []connect.HandlerOption) {
-	svc := &rolloutService{s: s, store: rollouts, drains: drains, progress: &sharedAnswers[drainQuestion, drainPass]{}}
+	svc := &rolloutService{s: s, store: rollouts, drains: drains, progress: &sharedAnswers[drainQuestion, drainPass]{limit: s.storeTimeout}}
 	path, handler := capledgerv1connect.NewRolloutServiceHandler(svc, options...)
 	mountProcedures(mux, path, handler, v1.File_capledger_v1_rollout_proto.Services().ByName("RolloutService"))
 }
@@ -678,10 +678,15 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	if cerr := checkGenerations(gens); cerr != nil {
 		return nil, cerr
 	}
+	// Uncapped (storecap.go): drain passes (runDrains) run as long as
+	// they take, and the shared progress pass bounds its scan by the
+	// store's answers to each page; the other reads here are capped.
+	capped, cancel := svc.s.capStore(ctx, "")
+	defer cancel()
 	for _, g := range gens {
 		// An unknown generation is answered by name (notFound), before
 		// any drain runs.
-		if _, err := svc.s.policies.get(ctx, g); err != nil {
+		if _, err := svc.s.policies.get(capped, g); err != nil {
 			return nil, readError("drain progress", ReasonPolicyNotFound, err)
 		}
 	}
@@ -702,7 +707,9 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 		}
 		notBefore = time.Now()
 	}
-	q, cerr := svc.drainQuestionOf(ctx, gens)
+	capped, cancel = svc.s.capStore(ctx, "") // anew: the drain passes took their time
+	defer cancel()
+	q, cerr := svc.drainQuestionOf(capped, gens)
 	if cerr != nil {
 		return nil, cerr
 	}

@@ -120,6 +120,11 @@ type Config struct {
 	// without it those reads answer UNIMPLEMENTED and the audit status is
 	// this replica's memory.
 	Console store.ConsoleStore
+	// StoreTimeout bounds how long one unary call (Audit excepted) waits
+	// for the store: its reads, its wait for a commit, the reads that
+	// build its answer (storecap.go); default DefaultStoreTimeout. A call
+	// it ends answers 503 unavailable.
+	StoreTimeout time.Duration
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -160,6 +165,8 @@ type Server struct {
 	// sealer seals scoped callers' page tokens (pagetokens.go; nil with
 	// auth off, where no caller is scoped).
 	sealer *pageSealer
+	// storeTimeout is Config.StoreTimeout (storecap.go).
+	storeTimeout time.Duration
 }
 
 // New returns a server over l.
@@ -176,19 +183,23 @@ func New(l Ledger, cfg Config) *Server {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
+	}
 	s := &Server{
-		ledger:    l,
-		policies:  newPolicyCache(l),
-		metrics:   cfg.Metrics,
-		log:       cfg.Logger,
-		maxBody:   cfg.MaxBodyBytes,
-		resolver:  cfg.Resolver,
-		clock:     cfg.Clock,
-		ready:     cfg.ReadyCheck,
-		warm:      cfg.WarmPolicies,
-		console:   &consoleCounters{store: cfg.Console},
-		standings: &sharedStandings{},
-		fairness:  &sharedFairness{},
+		storeTimeout: cfg.StoreTimeout,
+		ledger:       l,
+		policies:     newPolicyCache(l),
+		metrics:      cfg.Metrics,
+		log:          cfg.Logger,
+		maxBody:      cfg.MaxBodyBytes,
+		resolver:     cfg.Resolver,
+		clock:        cfg.Clock,
+		ready:        cfg.ReadyCheck,
+		warm:         cfg.WarmPolicies,
+		console:      &consoleCounters{store: cfg.Console},
+		standings:    &sharedStandings{limit: cfg.StoreTimeout},
+		fairness:     &sharedFairness{limit: cfg.StoreTimeout},
 	}
 	s.console.recent = s.policies.recent
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
@@ -216,7 +227,7 @@ func New(l Ledger, cfg Config) *Server {
 		s.sealer = newPageSealer(cfg.Tokens)
 		options = append(options, connect.WithInterceptors(s.auth))
 	}
-	options = append(options, connect.WithInterceptors(s.console.observe(), textCheck{s}))
+	options = append(options, connect.WithInterceptors(s.console.observe(), textCheck{s}, storeCap{s}))
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
 	mux := http.NewServeMux()
 	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))

@@ -27,6 +27,11 @@ const sharedReuseFactor = 9
 type sharedAnswers[Q comparable, A any] struct {
 	mu      sync.Mutex
 	answers map[Q]*sharedAnswer[A]
+	// limit, when positive, bounds each computation's wait for a page
+	// (scanBound, the server's StoreTimeout): it runs apart from its
+	// callers' contexts, so without it a computation whose store hangs
+	// would hold every caller asking the same forever.
+	limit time.Duration
 }
 
 // sharedAnswer is one computation: running until done is closed, then
@@ -43,9 +48,10 @@ type sharedAnswer[A any] struct {
 // answer returns the answer to q: the one being computed (waiting for
 // it), or one still young enough to reuse, if it began at notBefore or
 // later; else a new one computed by compute (which runs apart from this
-// caller's cancellation: others may share it). Callers must not change
-// the value. A failed computation is not reused; it answers its error to
-// the callers that waited for it. A caller whose ctx ends while it waits
+// caller's cancellation: others may share it; but within limit of its
+// last page read).
+// Callers must not change the value. A failed computation is not
+// reused; it answers its error to the callers that waited for it. A caller whose ctx ends while it waits
 // gets readError's answer for it (deadline_exceeded when its deadline
 // passed, canceled when it went away). The zero notBefore takes any.
 func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.Time, compute func(ctx context.Context, value *A) *connect.Error) (*A, *connect.Error) {
@@ -79,7 +85,12 @@ func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.T
 		r = &sharedAnswer[A]{done: make(chan struct{}), began: time.Now()}
 		sh.answers[q] = r
 		sh.mu.Unlock()
-		r.err = compute(context.WithoutCancel(ctx), &r.value)
+		computeCtx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+		if sh.limit > 0 {
+			computeCtx, cancel = scanBound(computeCtx, sh.limit)
+		}
+		r.err = scanTimedOut(computeCtx, compute(computeCtx, &r.value))
+		cancel()
 		r.reuseUntil = time.Now().Add(sharedReuseFactor * time.Since(r.began))
 		close(r.done)
 	} else {

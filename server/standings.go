@@ -119,6 +119,7 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
+		store.Progressed(ctx)
 		matches := func(a *ledger.Account) bool {
 			return standingMatches(m, a.Key) && InScope(ctx, a.Key.Subject, a.Key.Route)
 		}

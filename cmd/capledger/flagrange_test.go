@@ -40,6 +40,8 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 		{serve("--cache-rows", "-5"), "--cache-rows -5: want 1 to 1073741824"},
 		{serve("--lease-ttl", "100ms"), "--lease-ttl 100ms: want 300ms to 24h0m0s"},
 		{serve("--lease-ttl", "48h"), "--lease-ttl 48h0m0s: want 300ms to 24h0m0s"},
+		{serve("--store-timeout", "0s"), "--store-timeout 0s: want 1s to 10m0s"},
+		{serve("--store-timeout", "1h"), "--store-timeout 1h0m0s: want 1s to 10m0s"},
 		{serve("--retention", "-1h"), "--retention -1h0m0s: want 0s to"},
 		{serve("--tombstone-retention", "-1s"), "--tombstone-retention -1s: want 0s to"},
 		{serve("--retention-interval", "1ns"), "--retention-interval 1ns: want 1ms to 24h0m0s"},

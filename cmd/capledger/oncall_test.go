@@ -120,7 +120,11 @@ func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
 	t.Cleanup(func() { proxy.Close() })
 	u.Host = proxy.Addr()
 	bin := buildBinary(t)
-	srv := startServer(t, bin, t.TempDir(), "--store", u.String())
+	// --store-timeout 10m keeps the call in flight past the shutdown's
+	// deadline, as a call without a deadline was kept before serve
+	// bounded each call's wait for the store (storehang_test.go): the
+	// store's close still waits for its connection.
+	srv := startServer(t, bin, t.TempDir(), "--store", u.String(), "--store-timeout", "10m")
 	resp, err := http.Get(srv.url + "/readyz")
 	if err != nil {
 		t.Fatal(err)

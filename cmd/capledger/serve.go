@@ -113,6 +113,12 @@ Flags:
                       standbys needs no flag.
   --max-body BYTES    request body limit (default 1048576; 1024 to 1073741824)
   --max-batch N       commands per store transaction (default 512; 1 to 65536)
+  --store-timeout DUR how long a call waits for the store before it answers
+                      503 unavailable: each commit (store transaction), and
+                      each unary call's reads and wait for its commit (an
+                      audit excepted; default 10s; 1s to 10m). A write that
+                      was committing when it ran out ends with that commit,
+                      within twice DUR (docs/API.md, "Errors")
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
                       evicted first, filled with the file's tenants at
@@ -216,6 +222,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	tlsClientCA := fs.String("tls-client-ca", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
+	storeTimeout := fs.Duration("store-timeout", server.DefaultStoreTimeout, "")
 	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
 	cacheRows := fs.Int("cache-rows", sqlite.DefaultCacheRows, "")
 	pipelinedSync := fs.Bool("pipelined-sync", false, "")
@@ -239,7 +246,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		maxBody: *maxBody, maxBatch: *maxBatch, cacheRows: *cacheRows, leaseTTL: *leaseTTL,
 		retention: *retention, tombstoneRetention: *tombstoneRetention, retentionInterval: *retentionInterval,
 		statementRetention: *statementRetention, compaction: *compaction, compactionInterval: *compactionInterval, shardMaxTTL: *shardMaxTTL,
-		maintenanceShare: *maintenanceShare,
+		maintenanceShare: *maintenanceShare, storeTimeout: *storeTimeout,
 	}); err != nil {
 		return err
 	}
@@ -399,7 +406,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	metrics := server.NewMetrics()
 	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL,
 		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval,
-		StatementRetention: *statementRetention, MaintenanceShare: *maintenanceShare}
+		StatementRetention: *statementRetention, MaintenanceShare: *maintenanceShare,
+		BatchTimeout: *storeTimeout}
 	if resolver != nil {
 		engineOpts.Resolver = &resolver.opts
 	}
@@ -418,7 +426,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// the ring's one-second throttle, not at the next shard issued.
 	go shards.Keys.Watch(ctx, shardKeysWatchInterval)
 	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards,
-		ReadyCheck: readyCheck, WarmPolicies: true}
+		ReadyCheck: readyCheck, WarmPolicies: true, StoreTimeout: *storeTimeout}
 	if resolver != nil {
 		srvCfg.Resolver = eng
 	}
@@ -777,6 +785,11 @@ const (
 	// A shard shorter than a second could not be used; the API grants
 	// none longer than its longest duration.
 	minShardMaxTTL = time.Second
+	// A store that answers a transaction in less than a second is busy,
+	// not hung; a call that waits ten minutes for one has been given up
+	// by its caller long before.
+	minStoreTimeout = time.Second
+	maxStoreTimeout = 10 * time.Minute
 )
 
 // serveBounds is what checkServeFlags checks.
@@ -788,6 +801,7 @@ type serveBounds struct {
 	statementRetention                      time.Duration
 	compactionInterval, shardMaxTTL         time.Duration
 	maintenanceShare                        float64
+	storeTimeout                            time.Duration
 }
 
 // checkServeFlags returns the usage error naming the first of serve's
@@ -807,6 +821,7 @@ func checkServeFlags(b serveBounds) error {
 		durationOffOrIn("compaction", b.compaction, minCompaction, forever, "keep the whole journal"),
 		durationIn("compaction-interval", b.compactionInterval, minPassInterval, maxPassInterval),
 		durationIn("shard-max-ttl", b.shardMaxTTL, minShardMaxTTL, maxAPIDuration),
+		durationIn("store-timeout", b.storeTimeout, minStoreTimeout, maxStoreTimeout),
 	); err != nil {
 		return err
 	}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	neturl "net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/internal/faultproxy"
+)
+
+// TestServeAnswersWithinStoreTimeoutWhileItsStoreHangs: docs/API.md
+// (Errors, unavailable) and docs/OPERATIONS.md (On call) promise that a
+// call without a deadline of its own ends within serve --store-timeout
+// (twice it for a write whose commit had begun) with 503 unavailable /
+// STORE_UNAVAILABLE while its PostgreSQL hangs, saying "not applied" or
+// "outcome unknown" for a write and "nothing was changed" for a read;
+// and that once the store answers again the same replica serves and a
+// write retried with its ids is applied exactly once. The on-call walk
+// of 7 Dec found every read (GetAccount, GetReservation, the console's),
+// and a Settle (its read of the reservation), waiting forever against a
+// hung PostgreSQL, a ListShards a minute, and a Reserve queued behind a
+// stuck batch twice the batch timeout, answered 504 deadline_exceeded
+// though its caller set no deadline.
+func TestServeAnswersWithinStoreTimeoutWhileItsStoreHangs(t *testing.T) {
+	u, err := neturl.Parse(postgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A partition: every byte swallowed, every connection left open, as
+	// a PostgreSQL whose packets are dropped or that was SIGSTOPped.
+	proxy, err := faultproxy.Start(u.Host, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	const storeTimeout = 2 * time.Second
+	dir := t.TempDir()
+	srv := startServer(t, buildBinary(t), dir, "--store", u.String(), "--store-timeout", storeTimeout.String(),
+		"--envoy-config", writeFile(t, dir, "mapping.yaml", contractEnvoyMapping))
+	mustPost(t, srv.url, "PublishPolicy", `{"policy":{"subject":"*","route":"chat","holdTtl":"3600s","dimensions":[{"unit":"tokens","burst":"100000"}]}}`)
+	mustPost(t, srv.url, "Reserve", `{"reservationId":"hang-pre","subject":"t","route":"chat","units":{"tokens":10}}`)
+	mustPost(t, srv.url, "Start", `{"reservationId":"hang-pre","operationId":"op-pre"}`)
+	conn, err := grpc.NewClient(strings.TrimPrefix(srv.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	// The writes, each retried with the same ids once the store is back.
+	writes := map[string][2]string{
+		"Reserve":      {"Reserve", `{"reservationId":"hang-r","subject":"t","route":"chat","units":{"tokens":1}}`},
+		"Settle":       {"Settle", `{"reservationId":"hang-pre","operationId":"op-pre","actualUnits":{"tokens":4}}`},
+		"ReserveBatch": {"ReserveBatch", `{"requests":[{"reservationId":"hang-b","subject":"t","route":"chat","units":{"tokens":2}}]}`},
+	}
+	reads := map[string][2]string{
+		"GetAccount":              {"GetAccount", `{"subject":"t","route":"chat"}`},
+		"GetReservation":          {"GetReservation", `{"reservationId":"hang-pre"}`},
+		"ListPolicies":            {"ListPolicies", `{}`},
+		"ListUsageUnknown":        {"ListUsageUnknown", `{}`},
+		"ListSubjectReservations": {"ConsoleService/ListSubjectReservations", `{"subject":"t"}`},
+		"ListAccountStandings":    {"ConsoleService/ListAccountStandings", `{}`},
+		"GetFairness":             {"ConsoleService/GetFairness", `{}`},
+		"GetOverview":             {"ConsoleService/GetOverview", `{}`},
+		"DrainProgress":           {"RolloutService/DrainProgress", `{"generations":["1"]}`},
+	}
+	grpcReserve := func() error {
+		var out v1.ReserveResponse
+		return conn.Invoke(context.Background(), "/capledger.v1.LedgerService/Reserve",
+			&v1.ReserveRequest{ReservationId: "hang-g", Subject: "t", Route: "chat", Units: map[string]int64{"tokens": 3}}, &out)
+	}
+	envoyCheck := func() error {
+		_, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm",
+			Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{
+				{Key: "tenant", Value: "envoy"}, {Key: "x-request-id", Value: "hang-e"}}, HitsAddend: wrapperspb.UInt64(0)}}})
+		return err
+	}
+
+	proxy.SetFaults(faultproxy.Faults{Partition: true})
+	hung := time.Now()
+	// No client timeout: the calls end when the server answers. The guard
+	// turns a call that never ends into a failure: twice the store
+	// timeout (a write whose commit began just before its cap) and slack
+	// for a loaded machine.
+	guard := 2*storeTimeout + 20*time.Second
+	var mu sync.Mutex
+	pending := map[string]bool{}
+	answers := map[string]string{}
+	var wg sync.WaitGroup
+	call := func(name string, f func() string) {
+		pending[name] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answer := f()
+			mu.Lock()
+			defer mu.Unlock()
+			delete(pending, name)
+			answers[name] = answer
+		}()
+	}
+	// httpCall answers "STATUS CODE REASON | MESSAGE".
+	httpCall := func(c [2]string) func() string {
+		return func() string {
+			code, out := post(&http.Client{}, srv.url, c[0], c[1])
+			reason := ""
+			if details, _ := out["details"].([]any); len(details) > 0 {
+				detail, _ := details[0].(map[string]any)
+				debug, _ := detail["debug"].(map[string]any)
+				reason, _ = debug["reason"].(string)
+			}
+			return fmt.Sprintf("%d %v %s | %v", code, out["code"], reason, out["message"])
+		}
+	}
+	mu.Lock()
+	for name, c := range writes {
+		call(name, httpCall(c))
+	}
+	for name, c := range reads {
+		call(name, httpCall(c))
+	}
+	grpcAnswer := func(f func() error) func() string {
+		return func() string {
+			st, _ := status.FromError(f())
+			return fmt.Sprintf("%s | %s", st.Code(), st.Message())
+		}
+	}
+	call("gRPC Reserve", grpcAnswer(grpcReserve))
+	call("Envoy ShouldRateLimit", grpcAnswer(envoyCheck))
+	mu.Unlock()
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(guard):
+		mu.Lock()
+		t.Fatalf("calls still waiting %v after the store hung (--store-timeout %v): %v\nanswered: %v\n%s", guard, storeTimeout, pending, answers, srv.logs.String())
+	}
+	t.Logf("every call answered %v after the store hung (--store-timeout %v)", time.Since(hung).Round(time.Millisecond), storeTimeout)
+	for name, answer := range answers {
+		_, isWrite := writes[name]
+		isWrite = isWrite || strings.HasPrefix(name, "gRPC") || strings.HasPrefix(name, "Envoy")
+		switch {
+		case strings.HasPrefix(name, "gRPC") || strings.HasPrefix(name, "Envoy"):
+			if !strings.HasPrefix(answer, codes.Unavailable.String()+" |") {
+				t.Errorf("%s while the store hangs: %s, want %s", name, answer, codes.Unavailable)
+			}
+		case !strings.HasPrefix(answer, "503 unavailable STORE_UNAVAILABLE |"):
+			t.Errorf("%s while the store hangs: %s, want 503 unavailable STORE_UNAVAILABLE", name, answer)
+		}
+		if !strings.Contains(answer, "--store-timeout") && !strings.Contains(answer, "not applied") {
+			t.Errorf("%s while the store hangs: %s, want it to say the store did not answer within --store-timeout", name, answer)
+		}
+		if isWrite && !strings.Contains(answer, "not applied") && !strings.Contains(answer, "outcome unknown") {
+			t.Errorf("%s while the store hangs: %s, want \"not applied\" or \"outcome unknown\"", name, answer)
+		}
+		if !isWrite && !strings.Contains(answer, "nothing was changed") {
+			t.Errorf("%s while the store hangs: %s, want \"nothing was changed\"", name, answer)
+		}
+	}
+
+	// The store answers again: the same replica serves, and each write
+	// retried with its ids is applied once.
+	proxy.SetFaults(faultproxy.Faults{})
+	back := time.Now()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _ := post(&http.Client{Timeout: 10 * time.Second}, srv.url, "GetReservation", `{"reservationId":"hang-pre"}`)
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetReservation still %d a minute after the store came back:\n%s", code, srv.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("serving again %v after the store came back", time.Since(back).Round(time.Millisecond))
+	for range 2 { // the retry, and a retry of the retry (a replay)
+		for _, c := range writes {
+			mustPost(t, srv.url, c[0], c[1])
+		}
+		if err := grpcReserve(); err != nil {
+			t.Fatalf("gRPC Reserve retried: %v", err)
+		}
+		if err := envoyCheck(); err != nil {
+			t.Fatalf("Envoy check retried: %v", err)
+		}
+	}
+	for id, want := range map[string]string{"hang-r": "RESERVED", "hang-b": "RESERVED", "hang-g": "RESERVED", "hang-pre": "SETTLED", "envoy:hang-e/envoy/chat/global": "STARTED"} {
+		r := mustPost(t, srv.url, "GetReservation", `{"reservationId":"`+id+`"}`)["reservation"].(map[string]any)
+		if r["state"] != "RESERVATION_STATE_"+want && r["state"] != want {
+			t.Errorf("reservation %s after the retries: %v, want %s", id, r["state"], want)
+		}
+	}
+	// t's tokens: reserved 1 + 2 + 3 by the retried reserves, once each;
+	// spent 4 by the settle, the rest of its 10 refunded once.
+	accounts := mustPost(t, srv.url, "GetAccount", `{"subject":"t","route":"chat"}`)["accounts"].([]any)
+	if len(accounts) != 1 {
+		t.Fatalf("accounts of t: %v", accounts)
+	}
+	balances, _ := accounts[0].(map[string]any)["balances"].([]any)
+	if len(balances) != 1 {
+		t.Fatalf("account of t: %v", accounts[0])
+	}
+	tokens := balances[0].(map[string]any)
+	for field, want := range map[string]string{"reserved": "6", "spent": "4", "available": "99990"} {
+		if got := fmt.Sprint(tokens[field]); got != want {
+			t.Errorf("account of t after the retries: %s %s, want %s (%v)", field, got, want, tokens)
+		}
+	}
+}
