@@ -800,6 +800,18 @@ func TestShardRemintAfterAGenerationSwitchRepaysDebtOnce(t *testing.T) {
 // its units is refused, and only each settle, sent twice, charges the
 // usage and refunds the rest once. The audit of the stopped data
 // directory is clean.
+//
+// The expiry worker lists started work only for its execution limit, so
+// a hold started long past its TTL never meets the expiry rule: the rule
+// is met by a mass expiry instead. 3,000 holds of 1 s run out at once and
+// gateways start them all, from the other end, while the worker expires
+// them (it claims the holds of a listing chunk by chunk, so a start lands
+// between the listing of a hold and its claim), and serve is killed with
+// SIGKILL among the refusals.
+// After the restart every start acknowledged is still STARTED with its
+// hold reserved (the claim that arrived after the start did nothing),
+// every start refused as expired is EXPIRED, and the route holds exactly
+// the started holds until they settle.
 func TestUnknownWorkKeepsItsHoldAcrossAKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
@@ -830,8 +842,11 @@ func TestUnknownWorkKeepsItsHoldAcrossAKill(t *testing.T) {
 	mustPost(t, srv.url, "Settle", `{"reservationId":"still-started","operationId":"op-still-started","actualUnits":{"tokens":100}}`)
 	mustPost(t, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":"still-started-2","subject":%q,"route":"unk","units":{"tokens":100}}`, subject))
 	mustPost(t, srv.url, "Start", `{"reservationId":"still-started-2","operationId":"op-still-started-2"}`)
+	mass := startMassAtItsExpiry(t, srv)
 	kill9(t, srv)
+	mass.wait()
 	srv = startServer(t, bin, dir)
+	mass.check(t, srv.url)
 	// Past its TTL, started: never expired; past its execution limit
 	// the worker may have marked it unknown meanwhile.
 	time.Sleep(1100 * time.Millisecond)
@@ -983,4 +998,155 @@ func TestCrashMidRollbackDrain(t *testing.T) {
 		}
 	}
 	auditStoppedDataDir(t, bin, dir, srv)
+}
+
+// massStart is the mass of holds TestUnknownWorkKeepsItsHoldAcrossAKill
+// starts at their expiry, and what each start was answered.
+type massStart struct {
+	ids     []string
+	answer  []string // "started", "expired", or "" (no answer: the kill)
+	running sync.WaitGroup
+}
+
+const (
+	massRoute = "unk-mass"
+	massHolds = 3000
+	massHold  = 10
+)
+
+// startMassAtItsExpiry reserves massHolds holds of 1 s on massRoute in
+// one go and, from shortly before they run out, starts them all from 8
+// gateways, the last reserved first (a gateway whose call gets no answer
+// stops); it returns once 200 starts were refused as expired (or all were
+// answered), with the rest under way.
+func startMassAtItsExpiry(t *testing.T, srv *serverProcess) *massStart {
+	t.Helper()
+	mustPost(t, srv.url, "PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"*","route":%q,"holdTtl":"1s","epochLength":"315360000s",
+	  "dimensions":[{"unit":"tokens","burst":"%d"}]}}`, massRoute, massHolds*massHold))
+	m := &massStart{ids: make([]string, massHolds), answer: make([]string, massHolds)}
+	for i := range massHolds {
+		m.ids[i] = fmt.Sprintf("mass-%04d", i)
+	}
+	reservedAt := time.Now()
+	reserveInBatches(t, srv.url, massHolds, func(i int) string {
+		return fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-unknown","route":%q,"units":{"tokens":%d}}`, m.ids[i], massRoute, massHold)
+	})
+	// The worker lists holds past their TTL in id order and claims them
+	// chunk by chunk; the gateways start them from the other end, from
+	// shortly before the TTL, and meet the worker among holds it listed
+	// and has not claimed yet.
+	time.Sleep(time.Until(reservedAt.Add(800 * time.Millisecond)))
+	var next, answered, refused atomic.Int64
+	var once sync.Once
+	enough := make(chan struct{})
+	for range 8 {
+		m.running.Add(1)
+		go func() {
+			defer m.running.Done()
+			for k := int(next.Add(1) - 1); k < massHolds; k = int(next.Add(1) - 1) {
+				i := massHolds - 1 - k
+				status, out := post(crashClient, srv.url, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, m.ids[i], m.ids[i]))
+				switch {
+				case status == 0:
+					return
+				case status == 200 && asMap(out["reservation"])["state"] == "RESERVATION_STATE_STARTED":
+					m.answer[i] = "started"
+				case status == 400 && reasonOf(out) == "RESERVATION_EXPIRED":
+					m.answer[i] = "expired"
+				default:
+					t.Errorf("start of %s around its TTL: %d %v, want STARTED or RESERVATION_EXPIRED", m.ids[i], status, out)
+					return
+				}
+				if m.answer[i] == "expired" {
+					refused.Add(1)
+				}
+				// Killed once the gateways are well past where they met
+				// the worker (200 refusals), or when every start was
+				// answered.
+				if n := answered.Add(1); n == massHolds || refused.Load() == 200 {
+					once.Do(func() { close(enough) })
+				}
+			}
+		}()
+	}
+	select {
+	case <-enough:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the starts not answered within a minute")
+	}
+	return m
+}
+
+// wait waits until every gateway stopped.
+func (m *massStart) wait() { m.running.Wait() }
+
+// check checks the mass after the restart: a start acknowledged left its
+// hold STARTED (a release refused, the hold reserved); one refused as
+// expired left it EXPIRED; one unanswered either, once the worker ended
+// what was left. The route holds the started holds and nothing else, and
+// each settles once.
+func (m *massStart) check(t *testing.T, url string) {
+	t.Helper()
+	state := func(id string) string {
+		return fmt.Sprint(asMap(mustPost(t, url, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"])
+	}
+	got := make([]string, massHolds)
+	if !pollUntil(time.Minute, func() bool {
+		for i, id := range m.ids {
+			if got[i] = state(id); got[i] == "RESERVATION_STATE_RESERVED" || got[i] == "RESERVATION_STATE_EXPIRING" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("holds past their TTL still not expired a minute after the restart: %v", got)
+	}
+	var started, expired, unanswered int
+	var startedIDs []string
+	for i, id := range m.ids {
+		switch {
+		case m.answer[i] == "started" && got[i] != "RESERVATION_STATE_STARTED":
+			t.Errorf("%s: start acknowledged (around its TTL), then %s after the restart, want STARTED (expiry never takes started work)", id, got[i])
+		case m.answer[i] == "expired" && got[i] != "RESERVATION_STATE_EXPIRED":
+			t.Errorf("%s: start refused as expired, then %s after the restart", id, got[i])
+		case got[i] != "RESERVATION_STATE_STARTED" && got[i] != "RESERVATION_STATE_EXPIRED":
+			t.Errorf("%s (start unanswered): %s after the restart, want STARTED or EXPIRED", id, got[i])
+		}
+		switch m.answer[i] {
+		case "started":
+			started++
+		case "expired":
+			expired++
+		default:
+			unanswered++
+		}
+		if got[i] == "RESERVATION_STATE_STARTED" {
+			startedIDs = append(startedIDs, id)
+		}
+	}
+	t.Logf("mass of %d holds started at their expiry: %d starts acknowledged, %d refused as expired, %d unanswered at the kill; %d STARTED after the restart",
+		massHolds, started, expired, unanswered, len(startedIDs))
+	if t.Failed() {
+		return
+	}
+	terms := func(reserved, spent int64) {
+		t.Helper()
+		tm := routeTerms(t, url, "tenant-unknown", massRoute)
+		checkConservation(t, "tenant-unknown", tm)
+		if m := tm["tokens"]; m["reserved"] != reserved || m["spent"] != spent || m["available"] != massHolds*massHold-reserved-spent {
+			t.Errorf("%s: %v, want reserved %d, spent %d, the rest available", massRoute, m, reserved, spent)
+		}
+	}
+	terms(int64(len(startedIDs))*massHold, 0)
+	parallel(len(startedIDs), func(i int) {
+		id := startedIDs[i]
+		if status, out := post(crashClient, url, "Release", fmt.Sprintf(`{"reservationId":%q}`, id)); status != 400 || reasonOf(out) != "RESERVATION_ALREADY_STARTED" {
+			t.Errorf("release of started %s: %d %v, want RESERVATION_ALREADY_STARTED", id, status, out)
+		}
+		out, ok := postOK(t, url, "Settle", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s","actualUnits":{"tokens":4}}`, id, id))
+		if ok && fmt.Sprint(asMap(out["refundedUnits"])["tokens"]) != "6" {
+			t.Errorf("settle of %s: %v, want 6 refunded", id, out)
+		}
+	})
+	terms(0, int64(len(startedIDs))*4)
 }
