@@ -1071,8 +1071,8 @@ func startMassAtItsExpiry(t *testing.T, srv *serverProcess) *massStart {
 	}
 	select {
 	case <-enough:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the starts not answered within a minute")
+	case <-time.After(3 * time.Minute): // a guard against a hang, not a speed check
+		t.Fatal("the starts not answered within 3 minutes")
 	}
 	return m
 }
