@@ -309,11 +309,12 @@ func finishBody(next http.Handler, limit, limitHTTP1 int64) http.Handler {
 			r.Body = keepOpen{body}
 		}
 		next.ServeHTTP(w, r)
-		// net/http reads the request's Body (its own type, *http.body)
-		// when it writes the answer to decide whether the connection can
-		// be reused: left a keepOpen, it took the body for unread and
-		// closed the connection with the rest unread, the reset this
-		// function is here to prevent.
+		// net/http looks at the request's Body (its own type, *http.body)
+		// when it writes the answer, to decide whether the connection can
+		// be reused: it gets its own back. (Left a keepOpen, it reads
+		// its own body instead and decides the same after the drain
+		// below; the contract walk's resets once blamed on the keepOpen
+		// came from a binary built without the drain.)
 		r.Body = body
 		if body == nil || body == http.NoBody {
 			return

@@ -12,6 +12,10 @@ gRPC-Web framing, and the transport limits.
     go build -o /tmp/cw-capledger ./cmd/capledger
     python3 scripts/contractwalk/walk.py /tmp/cw-capledger
 
+It first names the binary (its build time and hash) and warns when this
+checkout's Go sources are newer than it: /tmp/cw-capledger is shared, and
+a walk of another build answers for that build's code.
+
 It starts two servers of its own on free loopback ports, in a temporary
 directory (one with a tokens file, one with a retention window of 1 s),
 runs the parts in parts/ in order (they share state), prints a line for
@@ -138,9 +142,32 @@ def start(binary, workdir, name, extra):
     sys.exit('%s did not become ready: see %s' % (name, log.name))
 
 
+def describe(binary):
+    """Names the binary walked (its time and hash) and warns when Go sources
+    of this checkout are newer: a binary built from another checkout, or
+    before the last change, answers for that code, not this one's. (A walk
+    of 7 Dec failed 27_bigbodies' 6 checks with a binary built before the
+    drain of refused bodies, which the checkout it ran from had.)"""
+    import datetime
+    import hashlib
+    with open(binary, 'rb') as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    built = os.path.getmtime(binary)
+    print('binary %s: built %s, sha256 %s' % (binary, datetime.datetime.fromtimestamp(built, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'), digest))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    newer = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith('.') and d != 'node_modules']
+        newer += [os.path.join(root, n) for n in files if n.endswith('.go') and not n.endswith('_test.go') and os.path.getmtime(os.path.join(root, n)) > built]
+    if newer:
+        print('WARNING: %d Go source files in %s are newer than the binary (%s ...): rebuild it from this checkout' % (len(newer), repo, os.path.relpath(newer[0], repo)))
+    sys.stdout.flush()
+
+
 def main():
     global PORT
     binary = sys.argv[1] if len(sys.argv) > 1 else os.environ.get('CAPLEDGER_BIN', '/tmp/cw-capledger')
+    describe(binary)
     workdir = tempfile.mkdtemp(prefix='contractwalk-')
     with open(os.path.join(workdir, 'tokens'), 'w') as f:
         f.write(TOKENS)
