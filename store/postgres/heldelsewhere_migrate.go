@@ -29,17 +29,21 @@ const heldSubjects = `SELECT o.subject, o.route, o.region FROM accounts o
 // reserved in the units it limits (ledger.HeldElsewhereOf: the count the
 // ledger carries from switch to switch, which a schema upgraded to
 // version 22 began at 0 for the holds outstanding then), and clears it on
-// every other term row. It first takes SHARE locks on the tables it
+// every other term row. It first takes EXCLUSIVE locks on the tables it
 // reads, so that replicas still running (of this version or an earlier
 // one) cannot change a hold or a current pointer between its read and its
-// commit: their writes wait for the migration. It reads the accounts of
+// commit: their writes wait for the migration. Not SHARE: a command's
+// FOR NO KEY UPDATE read takes only ROW SHARE, which SHARE lets by, and
+// that command's write would then wait for the migration while the
+// migration's clearing waited for the command's row lock (a deadlock).
+// EXCLUSIVE waits for such a command to end; plain reads still pass. It reads the accounts of
 // the subjects with holds elsewhere only (heldSubjects), and every term
 // row once for the clearing.
 func countHeldElsewhere(ctx context.Context, tx pgx.Tx) error {
 	// In the order a command's write takes them (accounts, their terms,
 	// then the current pointers), so that the wait for a command that
 	// wrote the first is not a deadlock with its write of the next.
-	if _, err := tx.Exec(ctx, `LOCK TABLE accounts, account_terms, account_currents IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(ctx, `LOCK TABLE accounts, account_terms, account_currents IN EXCLUSIVE MODE`); err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
 	rows, err := tx.Query(ctx, accountSelect+` WHERE (a.subject, a.route, a.region) IN (`+heldSubjects+`)

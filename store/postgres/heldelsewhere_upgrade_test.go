@@ -88,7 +88,7 @@ func TestHeldElsewhereCountedAtTheUpgrade(t *testing.T) {
 	})
 }
 
-// The migration to version 23 takes its SHARE locks before it reads the
+// The migration to version 23 takes its EXCLUSIVE locks before it reads the
 // accounts: a replica's transaction that wrote accounts and has not
 // committed makes it wait (so it counts what that transaction commits,
 // and the replica's later writes wait for it in turn), and it goes on
@@ -127,7 +127,7 @@ func TestHeldElsewhereCountWaitsForWriters(t *testing.T) {
 	waiting := false
 	for range 600 {
 		if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
-			WHERE relation = 'accounts'::regclass AND mode = 'ShareLock' AND NOT granted)`).Scan(&waiting); err != nil {
+			WHERE relation = 'accounts'::regclass AND mode = 'ExclusiveLock' AND NOT granted)`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
@@ -140,7 +140,7 @@ func TestHeldElsewhereCountWaitsForWriters(t *testing.T) {
 		}
 	}
 	if !waiting {
-		t.Fatal("the migration never waited for a SHARE lock on accounts")
+		t.Fatal("the migration never waited for its EXCLUSIVE lock on accounts")
 	}
 	if err := writer.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -148,4 +148,78 @@ func TestHeldElsewhereCountWaitsForWriters(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("migrate after the writer committed: %v", err)
 	}
+}
+
+// A replica's command first reads its rows FOR NO KEY UPDATE (a ROW SHARE
+// lock on the table) and writes them later. The migration to version 23
+// must wait for such a command to end rather than take its lock beside
+// it: with SHARE it did, the command's write then waited for the
+// migration and the migration's clearing for the command's row locks,
+// and PostgreSQL ended one of them with a deadlock (the migration, which
+// is not retried, failed the upgrade).
+func TestHeldElsewhereCountWaitsForACommandThatHasOnlyRead(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
+		s.Close()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 5", "DELETE FROM schema_migrations WHERE version = 23"} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		command, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer command.Rollback(ctx)
+		if _, err := command.Exec(ctx, "SELECT 1 FROM account_terms FOR NO KEY UPDATE"); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := postgres.Migrate(ctx, withParam(t, dsn, "lock_timeout", "60s"))
+			done <- err
+		}()
+		watch, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer watch.Close(ctx)
+		// Until the migration asks for its lock on accounts (granted or
+		// waiting), so that the command's write below comes after it.
+		asked := false
+		for range 600 {
+			if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+				WHERE l.relation = 'accounts'::regclass AND l.mode IN ('ShareLock', 'ExclusiveLock') AND a.pid <> pg_backend_pid())`).Scan(&asked); err != nil {
+				t.Fatal(err)
+			}
+			if asked {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !asked {
+			t.Fatal("the migration never asked for its lock on accounts")
+		}
+		if _, err := command.Exec(ctx, "UPDATE account_terms SET held_elsewhere = held_elsewhere WHERE false"); err != nil {
+			t.Fatalf("the command's write beside the migration: %v", err)
+		}
+		if err := command.Commit(ctx); err != nil {
+			t.Fatalf("the command's commit beside the migration: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("migrate beside a command that had read: %v", err)
+		}
+		upgraded, err := postgres.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { upgraded.Close() })
+		return upgraded
+	})
 }
