@@ -411,16 +411,11 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	move := Move{ReceiptID: receiptID, Kind: kind, From: from.Key, To: to.Key, At: now}
 	fromBefore, toBefore := from.Balances, to.Balances
 	moved := false
+	leaveBehind(b, from, fromPolicy, toPolicy)
 	for i := 0; i < from.Dims; i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
-			// Whatever from holds there (available, reserved, a shard's
-			// allocation in retiredForEmergency, debt, or nothing left
-			// of a burst just spent), the subject's capacity in the
-			// unit was last counted here: a later account limiting it
-			// again opens it at 0 (openAccount).
-			noteLeftBehind(b, from.Key.SubjectKey(), fromPolicy.Dimensions[i].Unit)
-			continue
+			continue // left behind
 		}
 		src, dst := &from.Balances[i], &to.Balances[j]
 		if debt := src.Debt(); debt > 0 {

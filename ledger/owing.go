@@ -363,11 +363,13 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 }
 
 // leaveBehind marks every unit of a (under its policy ap) that p does
-// not limit as left behind (metaLeftBehind), whatever a holds there, as
-// moveBetween does for a move to an account of p: a member leaving the
-// subject's owing set without a move may hold capacity there (p's
-// account opened while the subject was frozen, a unit its burst filled),
-// and a later generation limiting the unit again opens it at 0.
+// not limit as left behind (metaLeftBehind), whatever a holds there
+// (available, reserved, a shard's allocation in retiredForEmergency,
+// debt, or nothing left of a burst just spent): the subject's capacity in
+// the unit was last counted on a, and a later generation limiting the
+// unit again opens it at 0 (openAccount). A move to an account of p
+// (moveBetween) and a member leaving the subject's owing set without a
+// move (settleOwingMoving) both leave a so.
 func leaveBehind(b Book, a *Account, ap, p *Policy) {
 	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
 		if p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
