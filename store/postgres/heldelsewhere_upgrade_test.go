@@ -65,26 +65,11 @@ func TestHeldElsewhereUpgrade(t *testing.T) {
 // left, a wrong count anywhere is what this checks): the migration sets
 // the current account's and clears every other one.
 func TestHeldElsewhereCountedAtTheUpgrade(t *testing.T) {
-	ctx := context.Background()
 	s, dsn := openStore(t)
 	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
 		s.Close()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 5", "DELETE FROM schema_migrations WHERE version = 23"} {
-			if _, err := conn.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
-		upgraded, err := postgres.Open(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { upgraded.Close() })
-		return upgraded
+		wrongCountsAtVersion22(t, dsn)
+		return openUpgraded(t, dsn)
 	})
 }
 
@@ -162,16 +147,7 @@ func TestHeldElsewhereCountWaitsForACommandThatHasOnlyRead(t *testing.T) {
 	s, dsn := openStore(t)
 	storetest.HeldElsewhereUpgrade(t, s, func(t *testing.T) store.Store {
 		s.Close()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 5", "DELETE FROM schema_migrations WHERE version = 23"} {
-			if _, err := conn.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
+		conn := wrongCountsAtVersion22(t, dsn)
 		command, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -215,11 +191,38 @@ func TestHeldElsewhereCountWaitsForACommandThatHasOnlyRead(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("migrate beside a command that had read: %v", err)
 		}
-		upgraded, err := postgres.Open(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { upgraded.Close() })
-		return upgraded
+		return openUpgraded(t, dsn)
 	})
+}
+
+// wrongCountsAtVersion22 takes the store at dsn back to schema version 22
+// with every term row's held_elsewhere at 5 (0 is what version 22 left; a
+// wrong count anywhere is what the migration must clear), and returns a
+// connection to it, closed when the test ends.
+func wrongCountsAtVersion22(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	for _, q := range []string{"UPDATE account_terms SET held_elsewhere = 5", "DELETE FROM schema_migrations WHERE version = 23"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return conn
+}
+
+// openUpgraded opens the store at dsn, which migrates it, closed when the
+// test ends.
+func openUpgraded(t *testing.T, dsn string) store.Store {
+	t.Helper()
+	upgraded, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { upgraded.Close() })
+	return upgraded
 }
