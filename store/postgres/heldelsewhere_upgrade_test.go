@@ -99,34 +99,7 @@ func TestHeldElsewhereCountWaitsForWriters(t *testing.T) {
 	if _, err := writer.Exec(ctx, "UPDATE accounts SET breaches = breaches WHERE false"); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := postgres.Migrate(ctx, withParam(t, dsn, "lock_timeout", "60s"))
-		done <- err
-	}()
-	watch, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(ctx)
-	waiting := false
-	for range 600 {
-		if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
-			WHERE relation = 'accounts'::regclass AND mode = 'ExclusiveLock' AND NOT granted)`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the migration ended (%v) while a writer's transaction was open", err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	if !waiting {
-		t.Fatal("the migration never waited for its EXCLUSIVE lock on accounts")
-	}
+	done := migrateUntilItAsksForAccounts(t, dsn, "mode = 'ExclusiveLock' AND NOT granted")
 	if err := writer.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -156,32 +129,9 @@ func TestHeldElsewhereCountWaitsForACommandThatHasOnlyRead(t *testing.T) {
 		if _, err := command.Exec(ctx, "SELECT 1 FROM account_terms FOR NO KEY UPDATE"); err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := postgres.Migrate(ctx, withParam(t, dsn, "lock_timeout", "60s"))
-			done <- err
-		}()
-		watch, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer watch.Close(ctx)
-		// Until the migration asks for its lock on accounts (granted or
-		// waiting), so that the command's write below comes after it.
-		asked := false
-		for range 600 {
-			if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE l.relation = 'accounts'::regclass AND l.mode IN ('ShareLock', 'ExclusiveLock') AND a.pid <> pg_backend_pid())`).Scan(&asked); err != nil {
-				t.Fatal(err)
-			}
-			if asked {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if !asked {
-			t.Fatal("the migration never asked for its lock on accounts")
-		}
+		// The command's write below comes after the migration asked for
+		// its lock.
+		done := migrateUntilItAsksForAccounts(t, dsn, "mode IN ('ShareLock', 'ExclusiveLock')")
 		if _, err := command.Exec(ctx, "UPDATE account_terms SET held_elsewhere = held_elsewhere WHERE false"); err != nil {
 			t.Fatalf("the command's write beside the migration: %v", err)
 		}
@@ -225,4 +175,40 @@ func openUpgraded(t *testing.T, dsn string) store.Store {
 	}
 	t.Cleanup(func() { upgraded.Close() })
 	return upgraded
+}
+
+// migrateUntilItAsksForAccounts runs the migrations in the background and
+// returns once the migration holds or waits for a lock on accounts that
+// lockIs (a condition on pg_locks) describes; the channel gets its
+// result. The test fails if the migration ends first.
+func migrateUntilItAsksForAccounts(t *testing.T, dsn, lockIs string) <-chan error {
+	t.Helper()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		_, err := postgres.Migrate(ctx, withParam(t, dsn, "lock_timeout", "60s"))
+		done <- err
+	}()
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(ctx)
+	for range 600 {
+		asked := false
+		if err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE relation = 'accounts'::regclass AND pid <> pg_backend_pid() AND `+lockIs+`)`).Scan(&asked); err != nil {
+			t.Fatal(err)
+		}
+		if asked {
+			return done
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the migration ended (%v) while a command's transaction was open", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("the migration never asked for a lock on accounts (%s)", lockIs)
+	return nil
 }
