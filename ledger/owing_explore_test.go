@@ -309,13 +309,7 @@ func shaped(c *checked, rng *splitmix, tok, other int64) ledger.Amounts {
 	if !ok {
 		return a
 	}
-	for i, d := range p.Dimensions {
-		if d.Unit == "tokens" {
-			a[i] = rng.Int64N(tok)
-		} else {
-			a[i] = rng.Int64N(other)
-		}
-	}
+	a = drawUnits(p, rng, tok, other)
 	if a == (ledger.Amounts{}) {
 		a[0] = 1
 	}
@@ -333,6 +327,13 @@ func shapedFor(c *checked, id string, rng *splitmix, tok, other int64) ledger.Am
 	if !ok {
 		return a
 	}
+	return drawUnits(p, rng, tok, other)
+}
+
+// drawUnits draws an amount in each of p's dimensions: below tok in
+// tokens, below other in any other unit.
+func drawUnits(p *ledger.Policy, rng *splitmix, tok, other int64) ledger.Amounts {
+	var a ledger.Amounts
 	for i, d := range p.Dimensions {
 		if d.Unit == "tokens" {
 			a[i] = rng.Int64N(tok)
