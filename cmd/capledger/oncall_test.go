@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	neturl "net/url"
 	"regexp"
 	"strings"
 	"syscall"
@@ -108,23 +107,13 @@ func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
 // call's connection, which nothing ever ends, so only a SIGKILL stopped
 // it.
 func TestServeStopsAfterSIGTERMWhileItsStoreHangs(t *testing.T) {
-	u, err := neturl.Parse(postgresSchema(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A partition: every byte swallowed, every connection left open.
-	proxy, err := faultproxy.Start(u.Host, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	u.Host = proxy.Addr()
+	dsn, proxy := postgresBehindProxy(t)
 	bin := buildBinary(t)
 	// --store-timeout 10m keeps the call in flight past the shutdown's
 	// deadline, as a call without a deadline was kept before serve
 	// bounded each call's wait for the store (storehang_test.go): the
 	// store's close still waits for its connection.
-	srv := startServer(t, bin, t.TempDir(), "--store", u.String(), "--store-timeout", "10m")
+	srv := startServer(t, bin, t.TempDir(), "--store", dsn, "--store-timeout", "10m")
 	resp, err := http.Get(srv.url + "/readyz")
 	if err != nil {
 		t.Fatal(err)

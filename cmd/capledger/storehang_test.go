@@ -36,21 +36,10 @@ import (
 // stuck batch twice the batch timeout, answered 504 deadline_exceeded
 // though its caller set no deadline.
 func TestServeAnswersWithinStoreTimeoutWhileItsStoreHangs(t *testing.T) {
-	u, err := neturl.Parse(postgresSchema(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A partition: every byte swallowed, every connection left open, as
-	// a PostgreSQL whose packets are dropped or that was SIGSTOPped.
-	proxy, err := faultproxy.Start(u.Host, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	u.Host = proxy.Addr()
+	dsn, proxy := postgresBehindProxy(t)
 	const storeTimeout = 2 * time.Second
 	dir := t.TempDir()
-	srv := startServer(t, buildBinary(t), dir, "--store", u.String(), "--store-timeout", storeTimeout.String(),
+	srv := startServer(t, buildBinary(t), dir, "--store", dsn, "--store-timeout", storeTimeout.String(),
 		"--envoy-config", writeFile(t, dir, "mapping.yaml", contractEnvoyMapping))
 	mustPost(t, srv.url, "PublishPolicy", `{"policy":{"subject":"*","route":"chat","holdTtl":"3600s","dimensions":[{"unit":"tokens","burst":"100000"}]}}`)
 	mustPost(t, srv.url, "Reserve", `{"reservationId":"hang-pre","subject":"t","route":"chat","units":{"tokens":10}}`)
@@ -222,4 +211,23 @@ func TestServeAnswersWithinStoreTimeoutWhileItsStoreHangs(t *testing.T) {
 			t.Errorf("account of t after the retries: %s %s, want %s (%v)", field, got, want, tokens)
 		}
 	}
+}
+
+// postgresBehindProxy returns the DSN of this test's PostgreSQL schema
+// reached through a faultproxy (closed when the test ends), whose
+// Partition fault swallows every byte and leaves every connection open,
+// as a PostgreSQL whose packets are dropped or that was SIGSTOPped.
+func postgresBehindProxy(t *testing.T) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := neturl.Parse(postgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u.Host = proxy.Addr()
+	return u.String(), proxy
 }
