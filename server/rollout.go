@@ -393,6 +393,9 @@ func who(ctx context.Context) string {
 
 func rolloutError(what string, err error) *connect.Error {
 	switch {
+	case errors.As(err, new(*ledger.FieldError)):
+		// A field of the request (NewRollout): named by its path alone.
+		return fieldRefusal(ReasonInvalidRollout, "", err)
 	case errors.Is(err, ledger.ErrInvalidRollout):
 		return invalidArgument(ReasonInvalidRollout, "%s: %v", what, err)
 	case errors.Is(err, ledger.ErrRolloutExists), errors.Is(err, store.ErrDuplicate):

@@ -196,9 +196,9 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
-	ttl, err := durationFromProto("ttl", m.GetTtl())
+	ttl, err := durationFromProto(ledger.ErrInvalidCommand, "ttl", m.GetTtl())
 	if err != nil {
-		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%v", err))
+		return nil, svc.refused(ledger.KindShardIssue, fieldRefusal(ReasonInvalidCommand, "", err))
 	}
 	// The rest of the shape, by the ledger's own rule, before the scope
 	// and the shard id (API.md, "Order of checks"), as for a Reserve.
@@ -396,10 +396,10 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
 		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(ledger.FieldPath(ledger.ItemPath("receipts", i), "reservedUnits"), r.GetReservedUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(ledger.FieldPath(ledger.ItemPath("receipts", i), "actualUnits"), r.GetActualUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 	}
@@ -408,7 +408,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	// id names (unknown, another gateway's, reconciled), never a refusal
 	// counted against the shard.
 	if err := ledger.CheckShardReceipts(shapes, nil); err != nil {
-		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%s", outcomeMessage(err)))
+		return nil, svc.refused(ledger.KindShardReconcile, fieldRefusal(ReasonInvalidCommand, "", err))
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
