@@ -155,6 +155,19 @@ def leading_path(method, message):
     return m.group(0)
 
 
+def poll(fn, done, timeout=60):
+    """Calls fn until done(its result) or timeout seconds passed; returns
+    the last result. For what a server's worker does on its own schedule
+    (retention, tombstone horizons): a fixed sleep was enough on a quiet
+    machine and flaky on a loaded one."""
+    deadline = time.time() + timeout
+    while True:
+        res = fn()
+        if done(res) or time.time() > deadline:
+            return res
+        time.sleep(0.2)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -166,9 +179,12 @@ def start(binary, workdir, name, extra):
     log = open(os.path.join(workdir, name + '.log'), 'w')
     proc = subprocess.Popen([binary, 'serve', '--addr', '127.0.0.1:%d' % port, '--data-dir', os.path.join(workdir, name),
                              '--tokens', os.path.join(workdir, 'tokens')] + extra, stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(200):
+    # A minute, not a count of tries: on a loaded CI machine a fresh
+    # binary can take seconds to open its store and listen.
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
         try:
-            c = http.client.HTTPConnection('127.0.0.1', port, timeout=1)
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
             c.request('GET', '/readyz')
             if c.getresponse().status == 200:
                 return proc, port
