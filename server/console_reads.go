@@ -299,7 +299,7 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 	// other method refuses it, rather than answered as an id without an
 	// answer, which would read as "not asked about yet".
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("reservationIds[%d]", i), id); cerr != nil {
+		if cerr := checkID(ledger.ItemPath("reservationIds", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}

@@ -662,7 +662,7 @@ func checkGenerations(gens []uint64) *connect.Error {
 		return invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
 	}
 	for i, g := range gens {
-		if cerr := checkGeneration(fmt.Sprintf("generations[%d]", i), g); cerr != nil {
+		if cerr := checkGeneration(ledger.ItemPath("generations", i), g); cerr != nil {
 			return cerr
 		}
 	}

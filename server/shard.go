@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -286,7 +285,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	}
 	// An empty id names no receipt: refused, not answered NOT_PENDING.
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("receiptIds[%d]", i), id); cerr != nil {
+		if cerr := checkID(ledger.ItemPath("receiptIds", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}
@@ -388,7 +387,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		// A receipt id is a reservation id, checked as GetShard checks
 		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
 		// the PostgreSQL store cannot keep and answers unavailable).
-		if cerr := checkID(fmt.Sprintf("receipts[%d].reservationId", i), r.GetReservationId()); cerr != nil {
+		if cerr := checkID(ledger.FieldPath(ledger.ItemPath("receipts", i), "reservationId"), r.GetReservationId()); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		state, ok := stateFromProto(r.GetState())
@@ -433,11 +432,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		if !ok {
 			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
-		reserved, cerr := amounts(&p, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
+		reserved, cerr := amounts(&p, ledger.FieldPath(ledger.ItemPath("receipts", i), "reservedUnits"), r.GetReservedUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, cerr := amounts(&p, fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits())
+		actual, cerr := amounts(&p, ledger.FieldPath(ledger.ItemPath("receipts", i), "actualUnits"), r.GetActualUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
@@ -530,9 +529,9 @@ func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withR
 // ("receipts[0].state is required").
 func receiptStateProblem(i int, s v1.ReservationState) *connect.Error {
 	if s == v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
-		return invalidArgument(ReasonInvalidCommand, "receipts[%d].state is required", i)
+		return invalidArgument(ReasonInvalidCommand, "%s is required", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"))
 	}
-	return invalidArgument(ReasonInvalidCommand, "receipts[%d].state %s is no reservation state", i, s)
+	return invalidArgument(ReasonInvalidCommand, "%s %s is no reservation state", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"), s)
 }
 
 // stateFromProto is the inverse of stateToProto for the states a receipt
