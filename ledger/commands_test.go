@@ -654,7 +654,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		d := tokens(1000, 100)
 		d.RefillInterval = interval
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(d)})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+ledger.DurationText(interval)+" is shorter than the minimum 0.001s") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "dimensions[0].refillInterval "+ledger.DurationText(interval)+" is shorter than the minimum 0.001s") {
 			t.Errorf("refill interval %s: %+v", interval, res)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -138,67 +139,78 @@ func (p Policy) WithDefaults() Policy {
 // with and still load: only publishing is checked.
 const MaxUnitBytes = 128
 
-// Validate returns nil, or ErrInvalidPolicy wrapped with the first problem.
+// Validate returns nil, or the first problem as a *FieldError of
+// ErrInvalidPolicy naming the refused field by its path within the policy
+// as JSON spells it ("holdTtl", "dimensions[1].burst").
 func (p *Policy) Validate() error {
+	bad := func(path, format string, args ...any) error {
+		return fieldProblem(ErrInvalidPolicy, path, fmt.Sprintf(format, args...))
+	}
+	// KeyProblem and RouteKeyProblem start with the field's name.
+	keyProblem := func(problem string) error {
+		field, rest, _ := strings.Cut(problem, " ")
+		return bad(field, "%s", rest)
+	}
 	switch {
 	case p.Key.Subject == "":
-		return invalidPolicy("subject is empty (use %q for every subject)", AnySubject)
+		return bad("subject", "is empty (use %q for every subject)", AnySubject)
 	case p.Key.Route == "":
-		return invalidPolicy("route is empty")
+		return bad("route", "is empty")
 	case p.Key.Region == "":
-		return invalidPolicy("region is empty")
+		return bad("region", "is empty")
 	case KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
-		return invalidPolicy("%s", KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
+		return keyProblem(KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
 	case RouteKeyProblem(p.Key.Route, p.Key.Region) != "":
-		return invalidPolicy("%s", RouteKeyProblem(p.Key.Route, p.Key.Region))
+		return keyProblem(RouteKeyProblem(p.Key.Route, p.Key.Region))
 	case len(p.Dimensions) == 0:
-		return invalidPolicy("no dimensions: a policy limits at least one unit")
+		return bad("dimensions", ": none given (a policy limits at least one unit)")
 	case len(p.Dimensions) > MaxDimensions:
-		return invalidPolicy("%d dimensions; at most %d", len(p.Dimensions), MaxDimensions)
+		return bad("dimensions", ": %d given; at most %d", len(p.Dimensions), MaxDimensions)
 	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
-		return invalidPolicy("rollout %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
+		return bad("rollout", "%q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
 	case p.HoldTTL < MinHoldTTL:
-		return invalidPolicy("holdTtl %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
+		return bad("holdTtl", "%s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
 	case p.ExecutionLimit < 0:
-		return invalidPolicy("executionLimit %s is negative", DurationText(p.ExecutionLimit))
+		return bad("executionLimit", "%s is negative", DurationText(p.ExecutionLimit))
 	case p.ExecutionLimit > 0 && p.ExecutionLimit < MinExecutionLimit:
-		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", DurationText(p.ExecutionLimit), DurationText(MinExecutionLimit))
+		return bad("executionLimit", "%s is shorter than the minimum %s (leave it out for no limit)", DurationText(p.ExecutionLimit), DurationText(MinExecutionLimit))
 	case p.EpochLength < MinEpochLength:
-		return invalidPolicy("epochLength %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
+		return bad("epochLength", "%s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
 	case p.EpochLength > MaxEpochLength:
-		return invalidPolicy("epochLength %s is longer than the maximum %s (%d years)", DurationText(p.EpochLength), DurationText(MaxEpochLength), maxEpochYears)
+		return bad("epochLength", "%s is longer than the maximum %s (%d years)", DurationText(p.EpochLength), DurationText(MaxEpochLength), maxEpochYears)
 	case p.FairnessWeight <= 0 || p.FairnessWeight > MaxFairnessWeight:
-		return invalidPolicy("fairnessWeight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
+		return bad("fairnessWeight", "%d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
 	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
 		// Written so that NaN, for which every comparison is false, is
 		// refused too: a store cannot keep it (SQLite reads it as NULL)
 		// or compare it (a republished NaN would never replay).
-		return invalidPolicy("fairnessBudget %v is outside [0, 1]", p.FairnessBudget)
+		return bad("fairnessBudget", "%v is outside [0, 1]", p.FairnessBudget)
 	}
 	if problem := TextProblem(p.EstimatorDigest, MaxDigestBytes); problem != "" {
-		return invalidPolicy("estimatorDigest %s", problem)
+		return bad("estimatorDigest", "%s", problem)
 	}
 	for i := range p.Dimensions {
 		d := &p.Dimensions[i]
+		at := func(field string) string { return FieldPath(ItemPath("dimensions", i), field) }
 		switch {
 		case d.Unit == "":
-			return invalidPolicy("dimensions[%d].unit is empty", i)
+			return bad(at("unit"), "is empty")
 		case TextProblem(d.Unit, MaxUnitBytes) != "":
-			return invalidPolicy("dimensions[%d].unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
+			return bad(at("unit"), "%s", TextProblem(d.Unit, MaxUnitBytes))
 		case p.DimensionIndex(d.Unit) != i:
-			return invalidPolicy("unit %q appears twice", d.Unit)
+			return bad(at("unit"), "%q appears twice (also %s)", d.Unit, ItemPath("dimensions", p.DimensionIndex(d.Unit)))
 		case d.Burst <= 0 || d.Burst > MaxUnits:
-			return invalidPolicy("%s: burst %d is outside (0, %d]", d.Unit, d.Burst, MaxUnits)
+			return bad(at("burst"), "%d is outside (0, %d] (unit %q)", d.Burst, MaxUnits, d.Unit)
 		case d.RefillUnits < 0 || d.RefillUnits > MaxUnits:
-			return invalidPolicy("%s: refillUnits %d is outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
+			return bad(at("refillUnits"), "%d is outside [0, %d] (unit %q)", d.RefillUnits, MaxUnits, d.Unit)
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
-			return invalidPolicy("%s: refillInterval %s must be above 0 to mint refillUnits", d.Unit, DurationText(d.RefillInterval))
+			return bad(at("refillInterval"), "%s must be above 0 to mint refillUnits (unit %q)", DurationText(d.RefillInterval), d.Unit)
 		case d.RefillInterval != 0 && d.RefillInterval < MinRefillInterval:
-			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, DurationText(d.RefillInterval), DurationText(MinRefillInterval))
+			return bad(at("refillInterval"), "%s is shorter than the minimum %s (unit %q)", DurationText(d.RefillInterval), DurationText(MinRefillInterval), d.Unit)
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
-			return invalidPolicy("%s: maxReservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
+			return bad(at("maxReservation"), "%d is outside (0, burst %d] (unit %q)", d.MaxReservation, d.Burst, d.Unit)
 		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:
-			return invalidPolicy("%s: maxOverdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
+			return bad(at("maxOverdraft"), "%d is outside [0, %d] (unit %q)", d.MaxOverdraft, MaxUnits, d.Unit)
 		}
 	}
 	return nil
@@ -233,7 +245,7 @@ func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 // a publish that succeeded (its answer lost) still replays.
 func publishPolicy(b Book, p *Policy, replaces uint64, now time.Time) Result {
 	if p == nil {
-		return Result{Err: invalidPolicy("no policy")}
+		return Result{Err: fieldProblem(ErrInvalidPolicy, "", "is required")}
 	}
 	if err := p.Validate(); err != nil {
 		return Result{Err: err}
@@ -350,10 +362,6 @@ func activePolicy(b Book, key PolicyKey) (*Policy, bool) {
 // ActivePolicy returns the policy that decides for a concrete subject key
 // (its own active generation, else the route's AnySubject one).
 func ActivePolicy(b Book, key PolicyKey) (*Policy, bool) { return activePolicy(b, key) }
-
-func invalidPolicy(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidPolicy, fmt.Sprintf(format, args...))
-}
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidCommand, fmt.Sprintf(format, args...))

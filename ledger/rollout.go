@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -148,38 +149,41 @@ const MaxRolloutRoutes = 10000
 // ErrRolloutExists.
 func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout, who string, now time.Time) (Rollout, error) {
 	if problem := RolloutNameProblem(name); problem != "" {
-		return Rollout{}, fmt.Errorf("%w: %s", ErrInvalidRollout, problem)
+		return Rollout{}, fieldProblem(ErrInvalidRollout, "name", strings.TrimPrefix(problem, "the name "))
 	}
 	switch {
 	case by != RolloutByRoute && by != RolloutBySubject:
-		return Rollout{}, fmt.Errorf("%w: hashBy %q is neither %q nor %q", ErrInvalidRollout, by, RolloutByRoute, RolloutBySubject)
+		return Rollout{}, fieldProblem(ErrInvalidRollout, "hashBy", fmt.Sprintf("%q is neither %q nor %q", by, RolloutByRoute, RolloutBySubject))
 	case len(routes) == 0:
-		return Rollout{}, fmt.Errorf("%w: routes: none given (a rollout covers at least one route)", ErrInvalidRollout)
+		return Rollout{}, fieldProblem(ErrInvalidRollout, "routes", ": none given (a rollout covers at least one route)")
 	case len(routes) > MaxRolloutRoutes:
-		return Rollout{}, fmt.Errorf("%w: %d routes; at most %d", ErrInvalidRollout, len(routes), MaxRolloutRoutes)
+		return Rollout{}, fieldProblem(ErrInvalidRollout, "routes", fmt.Sprintf(": %d given; at most %d", len(routes), MaxRolloutRoutes))
 	}
 	set := make([]RouteKey, len(routes))
+	seen := make(map[RouteKey]int, len(routes))
 	for i, rk := range routes {
 		if rk.Route == "" {
-			return Rollout{}, fmt.Errorf("%w: routes[%d].route is empty", ErrInvalidRollout, i)
+			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), "route"), "is empty")
 		}
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
 		}
+		// KeyProblem and RouteKeyProblem start with the field's name.
 		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
-			return Rollout{}, fmt.Errorf("%w: routes[%d]: %s (no policy's can)", ErrInvalidRollout, i, problem)
+			field, rest, _ := strings.Cut(problem, " ")
+			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), rest+" (no policy's can)")
 		}
 		if problem := RouteKeyProblem(rk.Route, rk.Region); problem != "" {
-			return Rollout{}, fmt.Errorf("%w: routes[%d]: %s", ErrInvalidRollout, i, problem)
+			field, rest, _ := strings.Cut(problem, " ")
+			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), rest)
 		}
+		if first, twice := seen[rk]; twice {
+			return Rollout{}, fieldProblem(ErrInvalidRollout, ItemPath("routes", i), fmt.Sprintf("%s appears twice (also %s)", rk, ItemPath("routes", first)))
+		}
+		seen[rk] = i
 		set[i] = rk
 	}
 	slices.SortFunc(set, RouteKey.Compare)
-	for i := 1; i < len(set); i++ {
-		if set[i] == set[i-1] {
-			return Rollout{}, fmt.Errorf("%w: route %s appears twice", ErrInvalidRollout, set[i])
-		}
-	}
 	for i := range others {
 		if others[i].Name == name {
 			return Rollout{}, fmt.Errorf("%w: %s", ErrRolloutExists, name)

@@ -688,30 +688,34 @@ func CheckShardReceipts(receipts []ShardReceipt, p *Policy) error { return check
 // checkReceipts validates a submission's shape; p (nil: unknown) names
 // the amounts' dimensions in its errors.
 func checkReceipts(receipts []ShardReceipt, p *Policy) error {
-	seen := make(map[string]bool, len(receipts))
+	seen := make(map[string]int, len(receipts))
 	for i := range receipts {
 		r := &receipts[i]
+		at := func(field string) string { return FieldPath(ItemPath("receipts", i), field) }
+		bad := func(path, format string, args ...any) error {
+			return fieldProblem(ErrInvalidCommand, path, fmt.Sprintf(format, args...))
+		}
 		if r.ReservationID == "" {
-			return invalid("receipt %d has no reservation id", i)
+			return bad(at("reservationId"), "is required")
 		}
-		if seen[r.ReservationID] {
-			return invalid("receipt %s appears twice", r.ReservationID)
+		if first, twice := seen[r.ReservationID]; twice {
+			return bad(at("reservationId"), "%q appears twice (also %s)", r.ReservationID, ItemPath("receipts", first))
 		}
-		seen[r.ReservationID] = true
+		seen[r.ReservationID] = i
 		for d := range r.Reserved {
 			if problem := AmountShapeProblem(r.Reserved[d], true); problem != "" {
-				return invalid("receipt %s: reserved units in %s: amount %s", r.ReservationID, dimensionName(p, d), problem)
+				return bad(at("reservedUnits"), ": %s: amount %s", dimensionName(p, d), problem)
 			}
 			if problem := AmountShapeProblem(r.Actual[d], true); problem != "" {
-				return invalid("receipt %s: actual units in %s: amount %s", r.ReservationID, dimensionName(p, d), problem)
+				return bad(at("actualUnits"), ": %s: amount %s", dimensionName(p, d), problem)
 			}
 		}
 		switch r.State {
 		case StateSettled, StateSettledWithDebt, StateReleased, StateExpired, StateStarted, StateUsageUnknown:
 		case StateReserved:
-			return invalid("receipt %s is RESERVED: release unstarted holds before reconciling", r.ReservationID)
+			return bad(at("state"), "is RESERVED (receipt %s): release unstarted holds before reconciling", r.ReservationID)
 		default:
-			return invalid("receipt %s has state %s", r.ReservationID, r.State)
+			return bad(at("state"), "%s is not a state a gateway reports (receipt %s)", r.State, r.ReservationID)
 		}
 	}
 	return nil

@@ -209,7 +209,11 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
 	query := queryDigest(key.Subject, key.Route, key.Region, strconv.FormatUint(key.Generation, 10))
-	before, err := parseStatementToken(m.GetPageToken(), query)
+	plain, err := c.s.unsealPage(ctx, "ListStatements", m.GetPageToken())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+	}
+	before, err := parseStatementToken(plain, query)
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
@@ -223,7 +227,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	if len(list) > size {
 		list = list[:size]
-		resp.NextPageToken = statementToken(list[size-1].EpochStart, query)
+		resp.NextPageToken = c.s.sealNext(ctx, "ListStatements", statementToken(list[size-1].EpochStart, query))
 	}
 	if len(list) == 0 {
 		return connect.NewResponse(resp), nil
@@ -295,7 +299,7 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 	// other method refuses it, rather than answered as an id without an
 	// answer, which would read as "not asked about yet".
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("reservationIds[%d]", i), id); cerr != nil {
+		if cerr := checkID(ledger.ItemPath("reservationIds", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}

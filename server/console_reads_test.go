@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/base64"
 	"net/http"
 	"strings"
 	"sync"
@@ -492,4 +493,69 @@ func TestConsoleResolverAnswerOfAReusedIDStaysItsTenants(t *testing.T) {
 			t.Errorf("tenant-b's x, never asked about: answers %v", got)
 		}
 	}
+}
+
+// ListStatements' page tokens are sealed as every list method's are
+// (sealNext, with a tokens file): they were a plain base64 cursor, so a
+// client could forge one (another epoch, another account's digest) or
+// alter one and be answered a page. A forged, altered or borrowed token is
+// 400 INVALID_COMMAND saying the server did not issue it for this method
+// and token; the token issued pages on.
+func TestStatementPageTokensAreSealed(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","epochLength":"60s",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	for i, id := range []string{"s1", "s2", "s3", "s4"} {
+		if i > 0 {
+			h.clock.Advance(61 * time.Second)
+		}
+		h.ok("Reserve", reserveFor(id, "tenant-b/u1", 10), adminToken)
+	}
+	const account = `"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"1","pageSize":2`
+	first := h.consoleOK("ListStatements", `{`+account+`}`, consoleViewer)
+	token, _ := first["nextPageToken"].(string)
+	if !strings.HasPrefix(token, "p1.") {
+		t.Fatalf("nextPageToken %q is not sealed", token)
+	}
+	// A cursor as the method wrote it before: "e", an epoch start in Unix
+	// nanoseconds, "/", a digest; base64url.
+	forged := base64.RawURLEncoding.EncodeToString([]byte("e1/" + strings.Repeat("0", 64)))
+	altered := []byte(token) // one base64url character of the sealed body changed
+	if altered[len(altered)/2] == 'A' {
+		altered[len(altered)/2] = 'B'
+	} else {
+		altered[len(altered)/2] = 'A'
+	}
+	for name, c := range map[string]struct{ token, caller string }{
+		"forged":               {forged, consoleViewer},
+		"altered":              {string(altered), consoleViewer},
+		"sealed-looking":       {"p1." + base64.RawURLEncoding.EncodeToString(make([]byte, 40)), consoleViewer},
+		"another token's":      {token, consoleScoped},
+		"another method's":     {h.policiesToken(t), consoleViewer},
+		"truncated":            {token[:len(token)-4], consoleViewer},
+		"another token's, too": {token, adminToken},
+	} {
+		r := h.consoleCall("ListStatements", `{`+account+`,"pageToken":"`+c.token+`"}`, c.caller)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "pageToken: not a nextPageToken this server issued for this method and token") {
+			t.Errorf("%s token: message %q", name, msg)
+		}
+	}
+	second := h.consoleOK("ListStatements", `{`+account+`,"pageToken":"`+token+`"}`, consoleViewer)
+	if len(second["statements"].([]any)) != 1 || second["nextPageToken"] != nil {
+		t.Errorf("the issued token's page: %v", second)
+	}
+}
+
+// policiesToken returns a ListPolicies nextPageToken issued to
+// consoleViewer (two policies, pages of one).
+func (h *harness) policiesToken(t *testing.T) string {
+	t.Helper()
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"other.route","dimensions":[{"unit":"tokens","burst":"1"}]}}`, adminToken)
+	page := h.ok("ListPolicies", `{"pageSize":1}`, consoleViewer)
+	token, _ := page["nextPageToken"].(string)
+	if token == "" {
+		t.Fatalf("ListPolicies gave no token: %v", page)
+	}
+	return token
 }

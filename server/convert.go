@@ -1002,12 +1002,12 @@ func PolicyProto(p *ledger.Policy, active bool) *v1.Policy {
 // validated by the ledger when publishing.
 func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	if pb == nil {
-		return ledger.Policy{}, fmt.Errorf("%w: policy is required", ledger.ErrInvalidPolicy)
+		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Problem: "is required"}
 	}
 	// Empty means the one schema there is; another name is terms this server
 	// does not know, and publishing them as admissionBudget.v1 would be a guess.
 	if schema := pb.GetSchema(); schema != "" && schema != ledger.SchemaPolicy {
-		return ledger.Policy{}, fmt.Errorf("%w: schema %q: want %s (or leave it out)", ledger.ErrInvalidPolicy, schema, ledger.SchemaPolicy)
+		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "schema", Problem: fmt.Sprintf("%q: want %s (or leave it out)", schema, ledger.SchemaPolicy)}
 	}
 	p := ledger.Policy{
 		Key:             ledger.PolicyKey{Subject: pb.GetSubject(), Route: pb.GetRoute(), Region: pb.GetRegion()},
@@ -1028,19 +1028,19 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		{"epochLength", pb.GetEpochLength(), &p.EpochLength},
 	}
 	for _, d := range durations {
-		if *d.out, err = durationFromProto(d.name, d.in); err != nil {
-			return ledger.Policy{}, fmt.Errorf("%w: %v", ledger.ErrInvalidPolicy, err)
+		if *d.out, err = durationFromProto(ledger.ErrInvalidPolicy, d.name, d.in); err != nil {
+			return ledger.Policy{}, err
 		}
 	}
 	// An explicit value is never turned into a default: holdTtl "0s" was
 	// silently 60s. Leave the field out for the default.
 	if pb.GetHoldTtl() != nil && p.HoldTTL < ledger.MinHoldTTL {
-		return ledger.Policy{}, fmt.Errorf("%w: holdTtl %s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL))
+		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "holdTtl", Problem: fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL))}
 	}
 	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
-		return ledger.Policy{}, fmt.Errorf("%w: epochLength %s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength))
+		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "epochLength", Problem: fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength))}
 	}
 	switch pb.GetRollout() {
 	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:
@@ -1048,12 +1048,12 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	case v1.RolloutMode_ROLLOUT_MODE_SHADOW:
 		p.Rollout = ledger.RolloutShadow
 	default:
-		return ledger.Policy{}, fmt.Errorf("%w: rollout %d is neither %s nor %s", ledger.ErrInvalidPolicy, pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)
+		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "rollout", Problem: fmt.Sprintf("%d is neither %s nor %s", pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)}
 	}
 	for i, d := range pb.GetDimensions() {
-		interval, err := durationFromProto(fmt.Sprintf("dimensions[%d].refillInterval", i), d.GetRefillInterval())
+		interval, err := durationFromProto(ledger.ErrInvalidPolicy, ledger.FieldPath(ledger.ItemPath("dimensions", i), "refillInterval"), d.GetRefillInterval())
 		if err != nil {
-			return ledger.Policy{}, fmt.Errorf("%w: %v", ledger.ErrInvalidPolicy, err)
+			return ledger.Policy{}, err
 		}
 		p.Dimensions = append(p.Dimensions, ledger.Dimension{
 			Unit:           d.GetUnit(),
@@ -1067,27 +1067,29 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	return p.WithDefaults(), nil
 }
 
-// durationFromProto returns d as a time.Duration (0 when unset), or an
-// error naming the field when d is no valid Duration or beyond
-// ledger.MaxDurationSeconds either way (a fraction past it too). The
-// error says what is wrong and nothing more: the caller answers it under
-// its reason (INVALID_POLICY in a policy, INVALID_COMMAND in a shard's
-// ttl, whose messages say what is wrong alone: outcomeMessage).
-func durationFromProto(name string, d *durationpb.Duration) (time.Duration, error) {
+// durationFromProto returns d as a time.Duration (0 when unset), or a
+// *ledger.FieldError of kind at path when d is no valid Duration or
+// beyond ledger.MaxDurationSeconds either way (a fraction past it too).
+// The caller answers it under its reason (INVALID_POLICY in a policy,
+// INVALID_COMMAND in a shard's ttl) by fieldRefusal.
+func durationFromProto(kind error, path string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil
 	}
+	bad := func(format string, args ...any) error {
+		return &ledger.FieldError{Kind: kind, Path: path, Problem: fmt.Sprintf(format, args...)}
+	}
 	if err := d.CheckValid(); err != nil {
-		return 0, fmt.Errorf("%s: %v", name, err)
+		return 0, bad(": %v", err)
 	}
 	// The proto allows 10,000 years, time.Duration about 292; AsDuration
 	// saturates, which would keep another duration than the one asked.
 	seconds, nanos := d.GetSeconds(), d.GetNanos()
 	switch {
 	case seconds > ledger.MaxDurationSeconds || seconds == ledger.MaxDurationSeconds && nanos > 0:
-		return 0, fmt.Errorf("%s %s is longer than the maximum %ds (about 292 years)", name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
+		return 0, bad("%s is longer than the maximum %ds (about 292 years)", ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
 	case seconds < -ledger.MaxDurationSeconds || seconds == -ledger.MaxDurationSeconds && nanos < 0:
-		return 0, fmt.Errorf("%s %s is below the minimum -%ds", name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
+		return 0, bad("%s is below the minimum -%ds", ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
 	}
 	return d.AsDuration(), nil
 }

@@ -175,6 +175,20 @@ func outcomeMessage(err error) string {
 	return err.Error()
 }
 
+// fieldRefusal is the one answer to a refused field (a *ledger.FieldError
+// in err): 400 invalid_argument with reason, the message the field's path
+// in the request (rooted under parent, the request field that held the
+// checked value, "policy"; "" when it is the request itself), then what is
+// wrong, with nothing before it (API.md, "Errors"). An err without a
+// FieldError answers outcomeMessage's text.
+func fieldRefusal(reason, parent string, err error) *connect.Error {
+	var fe *ledger.FieldError
+	if errors.As(err, &fe) {
+		return invalidArgument(reason, "%s", fe.Under(parent).Text())
+	}
+	return invalidArgument(reason, "%s", outcomeMessage(err))
+}
+
 // refusal is a ledger outcome's error with the text outcomeMessage gives
 // it; errors.Is still finds the ledger's error under it.
 type refusal struct {

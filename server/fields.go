@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -210,25 +209,27 @@ func textProblem(m protoreflect.Message) *connect.Error {
 	return textProblemAt(m, "")
 }
 
-func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
+// textProblemAt is textProblem of m, the message at path in the request
+// ("" for the request itself), naming fields by ledger.FieldPath.
+func textProblemAt(m protoreflect.Message, path string) *connect.Error {
 	p := planOf(m.Descriptor())
 	for i, fd := range p.text {
 		if fd.IsList() {
 			list := m.Get(fd).List()
 			for j := 0; j < list.Len(); j++ {
 				if problem := ledger.TextProblem(list.Get(j).String(), p.rules[i].max); problem != "" {
-					return invalidArgument(p.reason, "%s%s[%d] %s", prefix, fd.JSONName(), j, problem)
+					return invalidArgument(p.reason, "%s %s", ledger.ItemPath(ledger.FieldPath(path, fd.JSONName()), j), problem)
 				}
 			}
 			continue
 		}
 		if problem := ledger.TextProblem(m.Get(fd).String(), p.rules[i].max); problem != "" {
-			return invalidArgument(p.reason, "%s%s %s", prefix, fd.JSONName(), problem)
+			return invalidArgument(p.reason, "%s %s", ledger.FieldPath(path, fd.JSONName()), problem)
 		}
 	}
 	for i, fd := range p.units {
 		if name, bad := firstBadUnitName(p.unitsOf[i](m.Interface())); bad {
-			return unitNameProblem(prefix+fd.JSONName(), name)
+			return unitNameProblem(ledger.FieldPath(path, fd.JSONName()), name)
 		}
 	}
 	for _, fd := range p.messages {
@@ -238,13 +239,13 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 		if fd.IsList() {
 			list := m.Get(fd).List()
 			for j := 0; j < list.Len(); j++ {
-				if cerr := textProblemAt(list.Get(j).Message(), fmt.Sprintf("%s%s[%d].", prefix, fd.JSONName(), j)); cerr != nil {
+				if cerr := textProblemAt(list.Get(j).Message(), ledger.ItemPath(ledger.FieldPath(path, fd.JSONName()), j)); cerr != nil {
 					return cerr
 				}
 			}
 			continue
 		}
-		if cerr := textProblemAt(m.Get(fd).Message(), prefix+fd.JSONName()+"."); cerr != nil {
+		if cerr := textProblemAt(m.Get(fd).Message(), ledger.FieldPath(path, fd.JSONName())); cerr != nil {
 			return cerr
 		}
 	}

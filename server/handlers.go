@@ -195,11 +195,15 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidPolicy, "%s", outcomeMessage(err))
+		return nil, fieldRefusal(ReasonInvalidPolicy, "policy", err)
 	}
 	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p, Generation: req.Msg.GetEditedFrom()})
 	if cerr != nil {
 		return nil, cerr
+	}
+	if errors.Is(res.Err, ledger.ErrInvalidPolicy) {
+		// The ledger names the field within the policy (Validate).
+		return nil, fieldRefusal(ReasonInvalidPolicy, "policy", res.Err)
 	}
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)

@@ -55,19 +55,19 @@ func TestPolicyRefusalsNameTheJSONField(t *testing.T) {
 		return `{"policy":{"subject":"t","route":"r"` + terms + `,"dimensions":[{"unit":"tokens","burst":"10"` + dimension + `}]}}`
 	}
 	for want, body := range map[string]string{
-		"holdTtl 0.050s is shorter":                      policy(`,"holdTtl":"0.05s"`, ""),
-		"executionLimit -1s is negative":                 policy(`,"executionLimit":"-1s"`, ""),
-		"epochLength 0.500s is shorter":                  policy(`,"epochLength":"0.5s"`, ""),
-		"fairnessWeight -1 is outside [1, 1048576]":      policy(`,"fairnessWeight":"-1"`, ""),
-		"fairnessBudget 2 is outside [0, 1]":             policy(`,"fairnessBudget":2`, ""),
-		"tokens: refillUnits -1 is outside":              policy("", `,"refillUnits":"-1"`),
-		"tokens: refillInterval 0s must be above 0":      policy("", `,"refillUnits":"1"`),
-		"tokens: maxReservation 11 is outside (0, burst": policy("", `,"maxReservation":"11"`),
-		"tokens: maxOverdraft -1 is outside":             policy("", `,"maxOverdraft":"-1"`),
-		"dimensions[0].unit is empty":                    `{"policy":{"subject":"t","route":"r","dimensions":[{"burst":"10"}]}}`,
-		"rollout 7 is neither ROLLOUT_MODE_ENFORCE nor":  policy(`,"rollout":7`, ""),
-		"policy is required":                             `{}`,
-		"tokens: refillInterval -1.500s must be above 0": policy("", `,"refillInterval":"-1.5s","refillUnits":"1"`),
+		"holdTtl 0.050s is shorter":                                   policy(`,"holdTtl":"0.05s"`, ""),
+		"executionLimit -1s is negative":                              policy(`,"executionLimit":"-1s"`, ""),
+		"epochLength 0.500s is shorter":                               policy(`,"epochLength":"0.5s"`, ""),
+		"fairnessWeight -1 is outside [1, 1048576]":                   policy(`,"fairnessWeight":"-1"`, ""),
+		"fairnessBudget 2 is outside [0, 1]":                          policy(`,"fairnessBudget":2`, ""),
+		"policy.dimensions[0].refillUnits -1 is outside":              policy("", `,"refillUnits":"-1"`),
+		"policy.dimensions[0].refillInterval 0s must be above 0":      policy("", `,"refillUnits":"1"`),
+		"policy.dimensions[0].maxReservation 11 is outside (0, burst": policy("", `,"maxReservation":"11"`),
+		"policy.dimensions[0].maxOverdraft -1 is outside":             policy("", `,"maxOverdraft":"-1"`),
+		"dimensions[0].unit is empty":                                 `{"policy":{"subject":"t","route":"r","dimensions":[{"burst":"10"}]}}`,
+		"rollout 7 is neither ROLLOUT_MODE_ENFORCE nor":               policy(`,"rollout":7`, ""),
+		"policy is required":                                          `{}`,
+		"policy.dimensions[0].refillInterval -1.500s must be above 0": policy("", `,"refillInterval":"-1.5s","refillUnits":"1"`),
 	} {
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
@@ -101,7 +101,7 @@ func TestCommandRefusalsNameTheJSONField(t *testing.T) {
 		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","ttl":"60s"}`, "bootEpoch is required", ""},
 		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1}`, "ttl must be above 0", ""},
 		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"x","routes":[{"route":"chat.generate"}]}`, `hashBy "x" is neither`, server.ReasonInvalidRollout},
-		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"route":"chat.generate"},{"route":"*"}]}`, `routes[1]: route "*" is not a wildcard`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"route":"chat.generate"},{"route":"*"}]}`, `routes[1].route "*" is not a wildcard`, server.ReasonInvalidRollout},
 		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"region":"eu"}]}`, "routes[0].route is empty", server.ReasonInvalidRollout},
 	} {
 		if c.reason == "" {
@@ -165,10 +165,10 @@ func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 func TestPolicyDurationsBelowTheirMinimumAreInvalid(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	for want, body := range map[string]string{
-		"executionLimit 0.000000001s is shorter than the minimum 1s":             `{"policy":{"subject":"t","route":"r","executionLimit":"0.000000001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"executionLimit 0.999s is shorter than the minimum 1s":                   `{"policy":{"subject":"t","route":"r","executionLimit":"0.999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"tokens: refillInterval 0.000000001s is shorter than the minimum 0.001s": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000000001s"}]}}`,
-		"tokens: refillInterval 0.000999s is shorter than the minimum 0.001s":    `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000999s"}]}}`,
+		"executionLimit 0.000000001s is shorter than the minimum 1s":                          `{"policy":{"subject":"t","route":"r","executionLimit":"0.000000001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"executionLimit 0.999s is shorter than the minimum 1s":                                `{"policy":{"subject":"t","route":"r","executionLimit":"0.999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"policy.dimensions[0].refillInterval 0.000000001s is shorter than the minimum 0.001s": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000000001s"}]}}`,
+		"policy.dimensions[0].refillInterval 0.000999s is shorter than the minimum 0.001s":    `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000999s"}]}}`,
 	} {
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
@@ -606,9 +606,9 @@ func TestInvalidCommandMessagesSayWhatIsWrongAlone(t *testing.T) {
 		{"IssueShard", issue("9223372036.5s"), "ttl 9223372036.500s is longer than the maximum 9223372036s (about 292 years)"},
 		{"IssueShard", issue("-9999999999s"), "ttl -9999999999s is below the minimum -9223372036s"},
 		{"IssueShard", issue("0s"), "ttl must be above 0 (0s)"},
-		{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[` + settled + `,` + settled + `]}`, "receipt a appears twice"},
+		{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[` + settled + `,` + settled + `]}`, `receipts[1].reservationId "a" appears twice (also receipts[0])`},
 		{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[{"reservationId":"b","state":"RESERVATION_STATE_RESERVED","reservedUnits":{"tokens":1}}]}`,
-			"receipt b is RESERVED: release unstarted holds before reconciling"},
+			"receipts[0].state is RESERVED (receipt b): release unstarted holds before reconciling"},
 	} {
 		r := shard(c.method, c.body)
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
@@ -632,10 +632,10 @@ func TestInvalidPolicyMessagesSayWhatIsWrongAlone(t *testing.T) {
 	tokens := `{"unit":"tokens","burst":"5"}`
 	for _, c := range []struct{ body, message string }{
 		{`{}`, "policy is required"},
-		{policy(``, `{"unit":"tokens","burst":"0"}`), "tokens: burst 0 is outside (0, 9007199254740992]"},
-		{policy(``, `{"unit":"`+strings.Repeat("u", 129)+`","burst":"5"}`), "dimensions[0].unit is 129 bytes long; at most 128"},
-		{policy(`"epochLength":"1577880001s",`, tokens), "epochLength 1577880001s is longer than the maximum 1577880000s (50 years)"},
-		{policy(`"holdTtl":"9223372036.5s",`, tokens), "holdTtl 9223372036.500s is longer than the maximum 9223372036s (about 292 years)"},
+		{policy(``, `{"unit":"tokens","burst":"0"}`), `policy.dimensions[0].burst 0 is outside (0, 9007199254740992] (unit "tokens")`},
+		{policy(``, `{"unit":"`+strings.Repeat("u", 129)+`","burst":"5"}`), "policy.dimensions[0].unit is 129 bytes long; at most 128"},
+		{policy(`"epochLength":"1577880001s",`, tokens), "policy.epochLength 1577880001s is longer than the maximum 1577880000s (50 years)"},
+		{policy(`"holdTtl":"9223372036.5s",`, tokens), "policy.holdTtl 9223372036.500s is longer than the maximum 9223372036s (about 292 years)"},
 		{`{"policy":{"subject":"` + strings.Repeat("s", 513) + `","route":"r","dimensions":[` + tokens + `]}}`, "policy.subject is 513 bytes long; at most 512"},
 	} {
 		r := h.call("PublishPolicy", c.body, "")

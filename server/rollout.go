@@ -393,6 +393,9 @@ func who(ctx context.Context) string {
 
 func rolloutError(what string, err error) *connect.Error {
 	switch {
+	case errors.As(err, new(*ledger.FieldError)):
+		// A field of the request (NewRollout): named by its path alone.
+		return fieldRefusal(ReasonInvalidRollout, "", err)
 	case errors.Is(err, ledger.ErrInvalidRollout):
 		return invalidArgument(ReasonInvalidRollout, "%s: %v", what, err)
 	case errors.Is(err, ledger.ErrRolloutExists), errors.Is(err, store.ErrDuplicate):
@@ -659,7 +662,7 @@ func checkGenerations(gens []uint64) *connect.Error {
 		return invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
 	}
 	for i, g := range gens {
-		if cerr := checkGeneration(fmt.Sprintf("generations[%d]", i), g); cerr != nil {
+		if cerr := checkGeneration(ledger.ItemPath("generations", i), g); cerr != nil {
 			return cerr
 		}
 	}

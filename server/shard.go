@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -196,9 +195,9 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
-	ttl, err := durationFromProto("ttl", m.GetTtl())
+	ttl, err := durationFromProto(ledger.ErrInvalidCommand, "ttl", m.GetTtl())
 	if err != nil {
-		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%v", err))
+		return nil, svc.refused(ledger.KindShardIssue, fieldRefusal(ReasonInvalidCommand, "", err))
 	}
 	// The rest of the shape, by the ledger's own rule, before the scope
 	// and the shard id (API.md, "Order of checks"), as for a Reserve.
@@ -286,7 +285,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	}
 	// An empty id names no receipt: refused, not answered NOT_PENDING.
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("receiptIds[%d]", i), id); cerr != nil {
+		if cerr := checkID(ledger.ItemPath("receiptIds", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}
@@ -388,7 +387,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		// A receipt id is a reservation id, checked as GetShard checks
 		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
 		// the PostgreSQL store cannot keep and answers unavailable).
-		if cerr := checkID(fmt.Sprintf("receipts[%d].reservationId", i), r.GetReservationId()); cerr != nil {
+		if cerr := checkID(ledger.FieldPath(ledger.ItemPath("receipts", i), "reservationId"), r.GetReservationId()); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		state, ok := stateFromProto(r.GetState())
@@ -396,10 +395,10 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
 		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(ledger.FieldPath(ledger.ItemPath("receipts", i), "reservedUnits"), r.GetReservedUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(ledger.FieldPath(ledger.ItemPath("receipts", i), "actualUnits"), r.GetActualUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 	}
@@ -408,7 +407,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	// id names (unknown, another gateway's, reconciled), never a refusal
 	// counted against the shard.
 	if err := ledger.CheckShardReceipts(shapes, nil); err != nil {
-		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%s", outcomeMessage(err)))
+		return nil, svc.refused(ledger.KindShardReconcile, fieldRefusal(ReasonInvalidCommand, "", err))
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
@@ -433,11 +432,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		if !ok {
 			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
-		reserved, cerr := amounts(&p, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
+		reserved, cerr := amounts(&p, ledger.FieldPath(ledger.ItemPath("receipts", i), "reservedUnits"), r.GetReservedUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, cerr := amounts(&p, fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits())
+		actual, cerr := amounts(&p, ledger.FieldPath(ledger.ItemPath("receipts", i), "actualUnits"), r.GetActualUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
@@ -530,9 +529,9 @@ func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withR
 // ("receipts[0].state is required").
 func receiptStateProblem(i int, s v1.ReservationState) *connect.Error {
 	if s == v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
-		return invalidArgument(ReasonInvalidCommand, "receipts[%d].state is required", i)
+		return invalidArgument(ReasonInvalidCommand, "%s is required", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"))
 	}
-	return invalidArgument(ReasonInvalidCommand, "receipts[%d].state %s is no reservation state", i, s)
+	return invalidArgument(ReasonInvalidCommand, "%s %s is no reservation state", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"), s)
 }
 
 // stateFromProto is the inverse of stateToProto for the states a receipt

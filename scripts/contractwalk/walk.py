@@ -118,6 +118,56 @@ def expect(name, res, status, code=None, rsn=None, msg=None, match='exact', node
     return res
 
 
+# The JSON fields of the requests whose fields nest, as API.md's method
+# sections and the .proto files name them: a name maps to None (a value:
+# string, number, Duration, enum, map) or to the fields of the message it
+# holds (a list of messages too). A refusal's message starts with a path
+# in these (API.md, Errors, "Field paths").
+_DIMENSION = dict.fromkeys(['unit', 'refillUnits', 'refillInterval', 'burst', 'maxReservation', 'maxOverdraft'])
+_POLICY = dict.fromkeys(['schema', 'subject', 'route', 'region', 'generation', 'estimatorDigest', 'holdTtl', 'executionLimit',
+                         'priority', 'fairnessWeight', 'fairnessBudget', 'emergencyMode', 'rollout', 'epochLength',
+                         'publishedAt', 'rolledBack', 'active', 'rolloutNow'])
+_POLICY['dimensions'] = _DIMENSION
+REQUEST_FIELDS = {
+    'PublishPolicy': {'policy': _POLICY, 'editedFrom': None},
+    'CreateRollout': {'name': None, 'hashBy': None, 'routes': dict.fromkeys(['route', 'region', 'mode'])},
+    'ReconcileShard': {'shardId': None, 'gatewayId': None,
+                       'receipts': dict.fromkeys(['reservationId', 'state', 'reservedUnits', 'actualUnits'])},
+    'IssueShard': dict.fromkeys(['shardId', 'subject', 'route', 'region', 'units', 'gatewayId', 'bootEpoch', 'ttl']),
+}
+
+
+def leading_path(method, message):
+    """The request field path message starts with (API.md, "Field paths"),
+    or None when it names none of REQUEST_FIELDS[method]."""
+    import re
+    m = re.match(r'[a-z][A-Za-z0-9]*(\[[0-9]+\])?(\.[a-z][A-Za-z0-9]*(\[[0-9]+\])?)*(?=[ :]|$)', message or '')
+    if not m:
+        return None
+    fields = REQUEST_FIELDS[method]
+    segments = m.group(0).split('.')
+    for i, segment in enumerate(segments):
+        name = segment.split('[')[0]
+        if not isinstance(fields, dict) or name not in fields:
+            return None
+        if i < len(segments) - 1:
+            fields = fields[name]
+    return m.group(0)
+
+
+def poll(fn, done, timeout=60):
+    """Calls fn until done(its result) or timeout seconds passed; returns
+    the last result. For what a server's worker does on its own schedule
+    (retention, tombstone horizons): a fixed sleep was enough on a quiet
+    machine and flaky on a loaded one."""
+    deadline = time.time() + timeout
+    while True:
+        res = fn()
+        if done(res) or time.time() > deadline:
+            return res
+        time.sleep(0.2)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -129,9 +179,12 @@ def start(binary, workdir, name, extra):
     log = open(os.path.join(workdir, name + '.log'), 'w')
     proc = subprocess.Popen([binary, 'serve', '--addr', '127.0.0.1:%d' % port, '--data-dir', os.path.join(workdir, name),
                              '--tokens', os.path.join(workdir, 'tokens')] + extra, stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(200):
+    # A minute, not a count of tries: on a loaded CI machine a fresh
+    # binary can take seconds to open its store and listen.
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
         try:
-            c = http.client.HTTPConnection('127.0.0.1', port, timeout=1)
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
             c.request('GET', '/readyz')
             if c.getresponse().status == 200:
                 return proc, port

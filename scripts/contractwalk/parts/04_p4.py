@@ -44,11 +44,16 @@ S5 = 'tenant-a/ra' + RUN
 call('PublishPolicy', {"policy": {"subject": S5, "route": "chat.generate", "dimensions": [{"unit": "tokens", "burst": 100, "refillUnits": 1, "refillInterval": "0.300s"}]}})
 call('Reserve', {"reservationId": "ra1-" + RUN, "subject": S5, "route": "chat.generate", "units": {"tokens": 50}})
 call('Start', {"reservationId": "ra1-" + RUN, "operationId": "o"})
+settled_at = time.time()
 call('Settle', {"reservationId": "ra1-" + RUN, "operationId": "o", "actualUnits": {"tokens": 50}})
 s, j, h, b = call('Reserve', {"reservationId": "ra2-" + RUN, "subject": S5, "route": "chat.generate", "units": {"tokens": 55}})
-print('ra', s, h.get('retry-after'), b)
-# need 5 more -> 5 intervals of 0.3 = 1.5s -> at most 2s, at least ceil
-check('Retry-After 2 for 1.5s', h.get('retry-after') in ('2',), h.get('retry-after'))
+lag = time.time() - settled_at
+print('ra', s, h.get('retry-after'), 'lag %.2fs' % lag, b)
+# need 5 more -> 5 intervals of 0.3 = 1.5s -> Retry-After 2 (whole seconds,
+# rounded up); on a loaded machine refill between the Settle and the Reserve
+# (lag) shortens the wait: at least ceil(1.5 - lag), never above 2.
+import math
+check('Retry-After 2 for 1.5s', h.get('retry-after') in [str(n) for n in range(max(1, math.ceil(1.5 - lag - 0.3)), 3)], (h.get('retry-after'), lag))
 # Wait the Retry-After and retry: promise says admitted
 time.sleep(int(h.get('retry-after', '0')))
 s, j, h, b = call('Reserve', {"reservationId": "ra2-" + RUN, "subject": S5, "route": "chat.generate", "units": {"tokens": 55}})

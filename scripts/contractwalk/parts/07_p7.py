@@ -36,7 +36,7 @@ rc = lambda sid, rec, gw='gw-a', tok=GWA: call('ReconcileShard', {"shardId": sid
 expect('reconcile other gw 403', rc('sh1-' + RUN, [], gw='gw-b'), 403, 'permission_denied', 'PERMISSION_DENIED')
 expect('reconcile unknown', rc('nope' + RUN, []), 404, 'not_found', 'SHARD_NOT_FOUND')
 expect('reconcile RESERVED receipt', rc('sh1-' + RUN, [{"reservationId": "a", "state": "RESERVATION_STATE_RESERVED", "reservedUnits": {"tokens": 1}}]), 400, 'invalid_argument', 'INVALID_COMMAND')
-expect('reconcile dup receipt', rc('sh1-' + RUN, [{"reservationId": "a", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": 1}}, {"reservationId": "a", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": 1}}]), 400, 'invalid_argument', 'INVALID_COMMAND', 'receipt a appears twice')
+expect('reconcile dup receipt', rc('sh1-' + RUN, [{"reservationId": "a", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": 1}}, {"reservationId": "a", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": 1}}]), 400, 'invalid_argument', 'INVALID_COMMAND', 'receipts[1].reservationId "a" appears twice (also receipts[0])')
 s, j, h, b = rc('sh1-' + RUN, [{"reservationId": "a", "state": "RESERVATION_STATE_SETTLED", "reservedUnits": {"tokens": 5}, "actualUnits": {"tokens": 4}}, {"reservationId": "b", "state": "RESERVATION_STATE_STARTED", "reservedUnits": {"tokens": 5}}])
 check('reconcile ok', s == 200, b[:800]); print('reconcile', b[:1000])
 s, j, h, b = rc('sh1-' + RUN, [{"reservationId": "b", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": 5}}])

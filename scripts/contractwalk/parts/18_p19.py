@@ -1,6 +1,7 @@
 RUN = str(int(time.time())) + 'p'
 SE = 'tenant-b/ep' + RUN
 s, j, h, b = call('PublishPolicy', {"policy": {"subject": SE, "route": "chat.generate", "epochLength": "1s", "dimensions": [{"unit": "tokens", "burst": 100, "refillUnits": 5, "refillInterval": "0.5s"}]}}); g = j['policy']['generation']
+STATE['EPOCHS'] = (SE, g)  # 31_statement_tokens pages these statements
 for i in range(4):
     call('Reserve', {"reservationId": "e%d" % i + RUN, "subject": SE, "route": "chat.generate", "units": {"tokens": 10}})
     time.sleep(1.1)

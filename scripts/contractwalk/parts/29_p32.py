@@ -7,7 +7,11 @@ R('Reserve', {"reservationId": "s" + RUN, "subject": ST, "route": "chat.generate
 R('Start', {"reservationId": "s" + RUN, "operationId": "o"}); R('Settle', {"reservationId": "s" + RUN, "operationId": "o", "actualUnits": {"tokens": 10}})
 R('Reserve', {"reservationId": "l" + RUN, "subject": ST, "route": "chat.generate", "units": {"tokens": 10}}); R('Release', {"reservationId": "l" + RUN})
 R('RecordUsage', {"reservationId": "u" + RUN, "operationId": "o", "subject": ST, "route": "chat.generate", "actualUnits": {"tokens": 5}})
-time.sleep(3)
+# Retention (1 s, a pass every 200 ms) retires all three; poll rather
+# than sleep a fixed 3 s, which a loaded machine's passes can overrun.
+retired = lambda res: res[0] == 200 and (res[1] or {}).get('reservation', {}).get('retired') is True
+for rid in ('s', 'l', 'u'):
+    poll(lambda: R('GetReservation', {"reservationId": rid + RUN}), retired, 60)
 s, j, h, b = R('GetReservation', {"reservationId": "s" + RUN}); print('get tomb', b[:400])
 check('tombstone receipt retired', s == 200 and j['reservation'].get('retired') is True and j['reservation']['state'] == 'RESERVATION_STATE_SETTLED' and 'reservedUnits' not in j['reservation'] and 'finishedAt' in j['reservation'], b[:400])
 s, j, h, b = R('Reserve', {"reservationId": "s" + RUN, "subject": ST, "route": "chat.generate", "units": {"tokens": 10}})
@@ -31,8 +35,9 @@ print('tomb settle of a record', s, b[:300])
 s, j, h, b = call('ListSubjectReservations', {"subject": ST}, svc='ConsoleService'); print('LSR retained', b[:300])
 check('LSR retained count', s == 200 and j.get('retained') in ('3', 3), b[:300])
 s, j, h, b = call('Audit', {}); check('audit clean after retention', s == 200 and not j.get('discrepancies'), b[:500])
-print('waiting for tombstone horizon'); time.sleep(22)
-s, j, h, b = R('GetReservation', {"reservationId": "s" + RUN}); check('after horizon 404', s == 404, b[:200])
+print('waiting for tombstone horizon'); time.sleep(20)
+s, j, h, b = poll(lambda: R('GetReservation', {"reservationId": "s" + RUN}), lambda res: res[0] == 404, 60)
+check('after horizon 404', s == 404, b[:200])
 s, j, h, b = R('Reserve', {"reservationId": "s" + RUN, "subject": ST, "route": "chat.generate", "units": {"tokens": 11}})
 check('after horizon new admission', s == 200 and 'replayed' not in j, b[:200])
 s, j, h, b = call('Audit', {}); check('audit clean after horizon', s == 200 and not j.get('discrepancies'), b[:500])

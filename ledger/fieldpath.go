@@ -1,0 +1,67 @@
+package ledger
+
+import (
+	"strconv"
+	"strings"
+)
+
+// FieldError is a refused input that names the field it refuses by its
+// path as a request's JSON spells it (lowerCamelCase, "[i]" for an item of
+// a repeated field), relative to the value that was checked: a Policy's
+// "holdTtl" or "dimensions[0].burst". The server roots the path in its
+// request (Under("policy"): "policy.holdTtl"), so every message names a
+// path the client's JSON has, whichever layer decided it (API.md,
+// "Errors"). errors.Is finds Kind (ErrInvalidPolicy, ErrInvalidRollout,
+// ErrInvalidCommand) under it.
+type FieldError struct {
+	Kind    error
+	Path    string // "" for the checked value itself ("is required")
+	Problem string // what is wrong, as a phrase after the path
+}
+
+// Text is the message without Kind: the path, then the problem ("holdTtl
+// 0.050s is shorter than ...", "dimensions: none given ...").
+func (e *FieldError) Text() string {
+	switch {
+	case e.Path == "":
+		return e.Problem
+	case strings.HasPrefix(e.Problem, ":"):
+		return e.Path + e.Problem
+	}
+	return e.Path + " " + e.Problem
+}
+
+func (e *FieldError) Error() string { return e.Kind.Error() + ": " + e.Text() }
+func (e *FieldError) Unwrap() error { return e.Kind }
+
+// Under returns e with its path rooted in parent, the field that held the
+// checked value ("policy", "receipts[2]").
+func (e *FieldError) Under(parent string) *FieldError {
+	return &FieldError{Kind: e.Kind, Path: FieldPath(parent, e.Path), Problem: e.Problem}
+}
+
+// FieldPath is the one rule for field paths: child's path within parent,
+// joined by "." ("policy" and "holdTtl": "policy.holdTtl"), an index
+// ("[0]") joined bare; either may be empty.
+func FieldPath(parent, child string) string {
+	switch {
+	case parent == "":
+		return child
+	case child == "":
+		return parent
+	case strings.HasPrefix(child, "["):
+		return parent + child
+	}
+	return parent + "." + child
+}
+
+// ItemPath is the path of item i of the repeated field at path
+// ("dimensions", 0: "dimensions[0]").
+func ItemPath(path string, i int) string {
+	return path + "[" + strconv.Itoa(i) + "]"
+}
+
+// fieldProblem returns a FieldError of kind at path.
+func fieldProblem(kind error, path, problem string) error {
+	return &FieldError{Kind: kind, Path: path, Problem: problem}
+}
