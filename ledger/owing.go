@@ -317,8 +317,16 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				} else {
 					// It leaves the set, and with it whatever it
 					// holds in a unit p does not limit, as a move
-					// to p's account would leave it (moveBetween).
+					// to p's account would leave it (moveBetween),
+					// and in a unit the current account does not
+					// limit: the switch to p opens such a unit
+					// (openAccount), and a full burst there would
+					// be minted beside what this account opened
+					// (and may have spent) while it was a member.
 					leaveBehind(b, m, mp, p)
+					if currentPolicy != nil {
+						leaveBehind(b, m, mp, currentPolicy)
+					}
 				}
 			}
 			continue
