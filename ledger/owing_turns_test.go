@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/ledger"
 )
@@ -20,6 +21,66 @@ func recordUnits(c *checked, id string, units ...ledger.Units) ledger.Result {
 	copy(a[:], units)
 	return c.apply(ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: "rec-" + id, OperationID: "op-" + id,
 		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: a})
+}
+
+// twoDebtorsOfRequests leaves the subject frozen under g3 (tokens) with
+// two accounts owing requests, a unit g3 does not limit: g1 (tokens,
+// requests, images), current, owes 3 requests it charged at 2.093 s after
+// refilling up to 2 s; g2 (requests), the account of an earlier freeze,
+// owes the 2 requests a record charged to it at 0 s, and its refill
+// cursor is still at 0 s.
+func twoDebtorsOfRequests(t *testing.T) (c *checked, g1, g2 uint64) {
+	c = newChecked(t)
+	g1 = c.publish(policyOf(exploreDims...))
+	c.must(c.reserve("a", 199, 0, 1))
+	c.must(recordUnits(c, "rec1", 273, 1, 2)) // g1 owes an image
+	g2 = c.publish(policyOf(exploreDims[1]))  // requests only: frozen on g1
+	c.must(recordUnits(c, "rec2", 2))         // charged to g2's account, which owes 2 requests
+	c.must(c.start("a"))
+	c.advance(2093 * time.Millisecond)
+	c.must(c.settle("a", 655, 5, 1)) // g1 owes 3 requests
+	c.publish(policyOf(exploreDims[0]))
+	return c, g1, g2
+}
+
+// Promise (README: capacity never beyond the limit; DESIGN: refill mints
+// lazily from the refill rule). g1 and g2 both owe requests, which the
+// deciding g3 does not limit. Before the fix both repaid their own debt
+// at once: g2 from its cursor at 0 s, for the time g1 had refilled
+// requests already, so 7 requests were created in 2 s on a bucket of 2
+// +1/s (bound 4). They repay in turns: the current account g1 first,
+// then g2 from where g1 is repaid.
+func TestOwingTurnsTwoDebtorsOfOneUnitDoNotRepayAtOnce(t *testing.T) {
+	c, g1, g2 := twoDebtorsOfRequests(t)
+	c.must(recordUnits(c, "rec3", 264))
+	if m := mintBound(c); m != "" {
+		t.Fatalf("%s (generation %d requests %+v, generation %d requests %+v)", m, g1, c.account(g1).Balances[1], g2, c.account(g2).Balances[0])
+	}
+	for range 8 {
+		c.advance(time.Second)
+		c.reserve("x", 1)
+		if m := mintBound(c); m != "" {
+			t.Fatalf("after %v: %s", c.now.Sub(t0), m)
+		}
+	}
+}
+
+// Promise (docs/API.md, Retry-After: a retry after it is not refused
+// for the same debt). The frozen refusal's Retry-After counts g2's turn
+// after g1's: g1's 3 requests (3 s from its cursor at 2 s), then g2's 2.
+// Counted as if both repaid at once (before the fix, slowestOwing) it
+// said 3 s, and a retry then is refused again: g2 has not repaid yet.
+func TestOwingTurnsRetryAfterWaitsForEveryTurn(t *testing.T) {
+	c, g1, g2 := twoDebtorsOfRequests(t)
+	first := c.reserve("x", 10)
+	if first.Err == nil || first.RetryAfter == 0 {
+		t.Fatalf("reserve while two accounts owe requests: %v, retry after %v", first.Err, first.RetryAfter)
+	}
+	c.advance(first.RetryAfter)
+	if res := c.reserve("y", 10); res.Err != nil {
+		t.Fatalf("retry after the promised %s refused again: %v (%s, retry after %s); generation %d requests %+v, generation %d requests %+v",
+			first.RetryAfter, res.Err, res.Dimension, res.RetryAfter, g1, c.account(g1).Balances[1], g2, c.account(g2).Balances[0])
+	}
 }
 
 // Promise (docs/ROLLOUT.md Limitations: a later generation limiting a
