@@ -642,6 +642,24 @@ func tick(b Book, a *Account, p *Policy, now time.Time) {
 	bringToNow(b, a, p, now, current && !p.RolledBack)
 }
 
+// bringHolderToNow brings a (under its own policy p), the account whose
+// hold a settle or a release ends, to now, and reports whether it is its
+// subject's current account then. The current account is brought as tick
+// does: one that owes, while its subject has owing accounts, with them
+// (settleOwing takes its refill in turns with theirs; refilled alone under
+// its own rule it would refill a unit they repay, for time they repay it
+// again, and mint beyond debt where its deciding generation does not
+// limit), which may switch the subject (a is read again, and no longer
+// current). Another account only closes its elapsed epochs.
+func bringHolderToNow(b Book, a *Account, p *Policy, now time.Time) bool {
+	if !isCurrent(b, a) {
+		bringToNow(b, a, p, now, false)
+		return false
+	}
+	tick(b, a, p, now)
+	return isCurrent(b, a)
+}
+
 // switchIfRepaid brings the subject's owing accounts to now under p, the
 // deciding generation's policy, and switches the subject to p once none
 // owes debt p does not limit (switchTo): left current, a repaid account

@@ -108,3 +108,42 @@ func TestOwingTurnsMemberLeavingMarksUnitsTheCurrentAccountDoesNotLimit(t *testi
 		t.Fatalf("%s (generation %d %+v, generation %d %+v)", m, g2, c.account(g2).Balances, g3, c.account(g3).Balances)
 	}
 }
+
+// Promise (the same as TestOwingTurnsTwoDebtorsOfOneUnitDoNotRepayAtOnce).
+// A settle (or release) of a hold on the frozen subject's current
+// account refilled that account under its own rule, fully, not as an
+// owing current account takes its turn (settleOwing): g1 repaid its 3
+// requests and minted 2 available beside them for time from 2 s to 7 s,
+// and the next command let g2 repay its 2 for the same time from its
+// cursor: 10 requests created in 7 s on a bucket of 2 +1/s (bound 9).
+func TestOwingTurnsSettleOnTheFrozenCurrentAccountTakesItsTurn(t *testing.T) {
+	for _, end := range []string{"settle", "release"} {
+		t.Run(end, func(t *testing.T) {
+			c := newChecked(t)
+			g1 := c.publish(policyOf(exploreDims...))
+			c.must(c.reserve("a", 199, 0, 1))
+			c.must(c.reserve("b", 10))
+			if end == "settle" {
+				c.must(c.start("b"))
+			}
+			c.must(recordUnits(c, "rec1", 273, 1, 2)) // g1 owes an image
+			g2 := c.publish(policyOf(exploreDims[1])) // requests only: frozen on g1
+			c.must(recordUnits(c, "rec2", 2))         // g2's account owes 2 requests
+			c.must(c.start("a"))
+			c.advance(2093 * time.Millisecond)
+			c.must(c.settle("a", 655, 5, 1)) // g1 owes 3 requests
+			c.publish(policyOf(exploreDims[0]))
+			c.reserve("x", 10) // frozen: g2 waits for g1's turn
+			c.advance(5 * time.Second)
+			if end == "settle" {
+				c.must(c.settle("b", 10))
+			} else {
+				c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "b"}))
+			}
+			c.reserve("y", 10)
+			if m := mintBound(c); m != "" {
+				t.Fatalf("%s (generation %d requests %+v, generation %d requests %+v)", m, g1, c.account(g1).Balances[1], g2, c.account(g2).Balances[0])
+			}
+		})
+	}
+}
