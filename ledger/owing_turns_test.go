@@ -147,3 +147,33 @@ func TestOwingTurnsSettleOnTheFrozenCurrentAccountTakesItsTurn(t *testing.T) {
 		})
 	}
 }
+
+// Promise (docs/API.md PublishPolicy: RecordUsage while frozen is
+// charged to the subject's current account from its available first;
+// when that account's generation was rolled back, its capacity in the
+// units the deciding generation limits has moved to the deciding
+// generation's account). g1 (tokens, requests, images) owes images when
+// it is rolled back: g0 (tokens, requests) decides, the subject is frozen
+// on g1, and g1's tokens move to g0's account. A record of 100 tokens was
+// charged to g1, which held none any more: 100 tokens of debt (SETTLED_WITH_DEBT,
+// and a breach beyond a smaller max overdraft) while g0's account held
+// 900 for the subject. It is charged to g0's account, from its available.
+func TestOwingTurnsRecordOnARolledBackCurrentAccountUsesTheMovedCapacity(t *testing.T) {
+	c := newChecked(t)
+	g0 := c.publish(policyOf(exploreDims[0], exploreDims[1]))
+	c.must(c.reserve("a", 100))
+	g1 := c.publish(policyOf(exploreDims...))
+	c.must(c.reserve("b", 10, 0, 1))
+	c.must(c.start("b"))
+	c.must(c.settle("b", 10, 0, 4)) // g1 owes images
+	c.rollback(testSubject, g1)
+	if res := c.reserve("x", 1); res.Err == nil {
+		t.Fatalf("reserve while g1 owes images: admitted")
+	}
+	held := c.account(g0).Balances[0].Available
+	res := c.must(recordUnits(c, "rec", 100))
+	if res.Reservation.State != ledger.StateSettled || c.account(g0).Balances[0].Available != held-100 {
+		t.Fatalf("record of 100 tokens while the subject holds %d on generation %d: %s, generation %d tokens %+v, generation %d tokens %+v",
+			held, g0, res.Reservation.State, g0, c.account(g0).Balances[0], g1, c.account(g1).Balances[0])
+	}
+}
