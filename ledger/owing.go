@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,9 +46,10 @@ import (
 // limit, the subject is frozen: its current account is such a member,
 // after every command (settleOwing makes one current when it is not), so
 // the hot path, current = deciding and owing nothing, stays a read of the
-// current pointer and nothing more even after a rollback; every member
-// refills that unit only to repay it, and the retry-after is the slowest
-// of the current one's and every other owing account's, the deciding
+// current pointer and nothing more even after a rollback; the members
+// owing that unit repay it in turns, one at a time (repayTurns), and the
+// retry-after is the slowest of the current one's and every other owing
+// account's, each counted after the turns before it, the deciding
 // generation's included, with the request's units where only that account
 // refills them (slowestOwing). Only
 // commands that read the subject's current pointer first read or write
@@ -182,10 +184,14 @@ func markOwing(b Book, a *Account, now time.Time) {
 // both refilling would mint the subject's capacity twice), any other only
 // to repay debt (it holds none of the subject's capacity) in a unit p
 // does not limit, or in one p limits that neither the current account
-// refills nor p's account, not yet opened, would take. Members that owe
-// nothing leave, except one holding available capacity in a unit p
-// limits: releaseOwing moves it at the switch, or intoDeciding at once
-// while the subject is frozen.
+// refills nor p's account, not yet opened, would take (refilledFully).
+// Such a unit is repaid in turns (repayTurns): the current account first,
+// then each owing member in the set's order from where the one before it
+// was repaid, so two accounts never repay it for the same time. Members
+// that owe nothing leave, except one holding available capacity in a
+// unit p limits: releaseOwing moves it at the switch, or intoDeciding at
+// once while the subject is frozen. One leaving marks the units p or the
+// current account does not limit left behind (leaveBehind).
 //
 // When some member owes debt in a unit p does not limit, the subject is
 // frozen: it returns the current account with its own policy, and
@@ -251,8 +257,11 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 		members = append(members, p.Generation)
 		pJoins = true
 	}
-	var owing []uint64 // members that owe debt p does not limit
-	for _, g := range members {
+	// Each member refills in refill order (the current account first),
+	// and a unit no account refills fully is repaid by one owing account
+	// at a time (repayTurns), so its refill time is spent once.
+	turns := repayTurns{}
+	for _, g := range refillOrder(members, current) {
 		key.Generation = g
 		m, mp, err := accountFor(b, key)
 		if err != nil {
@@ -289,27 +298,35 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				}
 			}
 		case g == current:
+			// First in refill order: where it owes in a unit nobody
+			// refills fully, its refill starts at its own cursor.
+			queued := turns.queue(m, mp, currentPolicy, p, pExists)
 			bringOwingToNow(b, m, mp, p, now)
+			turns.took(m, mp, &queued, now)
 		default:
 			// A unit p limits is skipped only when the current account
 			// refills it (its refill moves to p's account at the
 			// switch) or p's account exists (the switch moves the debt
-			// there, where its available repays it first); else nobody
-			// would repay it while frozen, and the switch would move it
-			// to an account opened empty and freeze again. (While
-			// the subject is frozen p's account exists from the first
-			// command on, below, and the member's debt there moves to
-			// it.)
-			skip := limitedBy(m, mp, p)
-			if !pExists {
-				skip = 0
-				if currentPolicy != nil && refillsFor(currentPolicy) {
-					skip = limitedBy(m, mp, p) & limitedBy(m, mp, currentPolicy)
-				}
-			}
-			repayOnly(b, m, mp, now, skip)
+			// there, where its available repays it first): refilledFully.
+			// Else nobody would repay it while frozen, and the switch
+			// would move it to an account opened empty and freeze
+			// again. (While the subject is frozen p's account exists
+			// from the first command on, below, and the member's debt
+			// there moves to it.) Any other unit it repays in its turn,
+			// after the accounts before it in refill order (repayTurns).
+			queued := turns.queue(m, mp, currentPolicy, p, pExists)
+			repayOnly(b, m, mp, now, queued.skip)
+			turns.took(m, mp, &queued, now)
 		}
 		b.AccountPut(m)
+	}
+	var owing []uint64 // members that owe debt p does not limit
+	for _, g := range members {
+		key.Generation = g
+		m, mp, err := accountFor(b, key)
+		if err != nil {
+			continue // as above
+		}
 		if _, debt := m.Debt(); debt == 0 {
 			if g != current && g != p.Generation {
 				if holdsFor(m, mp, p) {
@@ -317,8 +334,16 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				} else {
 					// It leaves the set, and with it whatever it
 					// holds in a unit p does not limit, as a move
-					// to p's account would leave it (moveBetween).
+					// to p's account would leave it (moveBetween),
+					// and in a unit the current account does not
+					// limit: the switch to p opens such a unit
+					// (openAccount), and a full burst there would
+					// be minted beside what this account opened
+					// (and may have spent) while it was a member.
 					leaveBehind(b, m, mp, p)
+					if currentPolicy != nil {
+						leaveBehind(b, m, mp, currentPolicy)
+					}
 				}
 			}
 			continue
@@ -541,8 +566,9 @@ func releaseOwing(b Book, subject PolicyKey, rest []uint64, to *Account, from ui
 // slowestOwing returns the unit and the retry-after of the slowest debt
 // among the subject's owing accounts other than current (the subject's
 // current account, under its policy cp, whose refusal admit decides):
-// debt in a unit p does not limit, which each account's refill repays
-// (refillWait), and the debt of p's own account, which the subject
+// debt in a unit no account refills fully (refilledFully), which each
+// account's refill repays in its turn, after the current account's and
+// those before it in the set (repayTurns, as settleOwing refills), and the debt of p's own account, which the subject
 // switches to once the others are repaid (p limits all of it), with the
 // request's units (units, in p's dimensions): a retry after the wait
 // returned is admitted as far as debt goes. Other members owe nothing
@@ -574,6 +600,15 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 		// the debt there before an owing account became current.
 		gens = append(gens, p.Generation)
 	}
+	// The current account takes the first turn in a unit repaid in
+	// turns (refillOrder), the others theirs in the set's order: each is
+	// repaid after the ones before it (repayTurns), not beside them.
+	turns := repayTurns{}
+	for i := 0; i < current.Dims && i < len(cp.Dimensions); i++ {
+		if debt := current.Balances[i].Debt(); debt > 0 && !refilledFully(cp.Dimensions[i].Unit, cp, p, pExists) {
+			turns.after(current, &cp.Dimensions[i], i, debt)
+		}
+	}
 	for _, g := range gens {
 		if g == current.Key.Generation {
 			continue
@@ -595,11 +630,10 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 				continue
 			}
 			if g != p.Generation {
-				// The member repays it unless p limits it and the
-				// current account refills it or p's account exists
-				// (settleOwing).
-				if p.DimensionIndex(d.Unit) < 0 || (!pExists && (cp.DimensionIndex(d.Unit) < 0 || !refillsFor(cp))) {
-					consider(d.Unit, refillWait(m, d, i, debt, now))
+				// The member repays it in its turn unless an account
+				// refills the unit fully (settleOwing).
+				if !refilledFully(d.Unit, cp, p, pExists) {
+					consider(d.Unit, waitUntil(turns.after(m, d, i, debt), now))
 				}
 				continue
 			}
@@ -719,4 +753,154 @@ func BringToNowAsShown(b Book, subject PolicyKey, keys []AccountKey, p *Policy, 
 		bringToNow(b, a, ap, now, isCur && !ap.RolledBack)
 		b.AccountPut(a)
 	}
+}
+
+// refilledFully reports whether some account of a subject frozen under p
+// refills unit fully (cp is the current account's policy, nil when it
+// cannot be read; pExists whether p's account exists): p's account, in a
+// unit p limits, once it exists (a rolled-back current account refills
+// none of them then, bringOwingToNow), or else the current account, in a
+// unit both p and cp limit, when cp was not rolled back. No other account
+// refills such a unit: debt there moves to p's account (intoDeciding, the
+// switch), whose available repays it first. Any other unit is repaid in
+// turns (repayTurns).
+func refilledFully(unit string, cp, p *Policy, pExists bool) bool {
+	if p.DimensionIndex(unit) < 0 {
+		return false
+	}
+	return pExists || cp != nil && refillsFor(cp) && cp.DimensionIndex(unit) >= 0
+}
+
+// refillOrder returns members with current first: the order in which a
+// frozen subject's accounts refill (settleOwing) and take their turns in a
+// unit repaid in turns (repayTurns, slowestOwing).
+func refillOrder(members []uint64, current uint64) []uint64 {
+	i := slices.Index(members, current)
+	if i <= 0 {
+		return members
+	}
+	order := make([]uint64, 0, len(members))
+	order = append(order, current)
+	order = append(order, members[:i]...)
+	return append(order, members[i+1:]...)
+}
+
+// repayTurns is the one rule for a unit that no account of a frozen
+// subject refills fully (refilledFully): its owing accounts repay their
+// debt there one at a time, in refill order (refillOrder), each from where
+// the one before it was repaid, so the unit's refill time is spent once
+// however many accounts owe there (two repaying at once would mint the
+// subject's capacity twice for the same time). settleOwing takes the
+// turns as the accounts refill; slowestOwing walks the same turns to tell
+// when each account is repaid. Keyed by unit, read by key only.
+type repayTurns map[string]repayTurn
+
+// repayTurn is where a unit's next owing account starts repaying: next,
+// the time the account before it is repaid (0: no account before it owed
+// there; repaidNever: it is never repaid); waiting, that time is after
+// now (the next accounts do not refill yet).
+type repayTurn struct {
+	next    int64
+	waiting bool
+}
+
+// repaidNever is the time an account that never refills is repaid at.
+const repaidNever = int64(math.MaxInt64)
+
+// queuedRefill is an account's place in its units' turns for one refill:
+// skip, the dimensions it does not refill (another account refills them
+// fully, or one before it still owes there: their cursors move to now,
+// refillUpTo); turn, the dimensions repaid in turns, each starting at
+// from with debt owed.
+type queuedRefill struct {
+	skip, turn uint8
+	from       [MaxDimensions]int64
+	debt       Amounts
+}
+
+// queue places a (under its policy ap), about to refill while the subject
+// is frozen under p, in its units' turns, and moves its cursor in a unit
+// repaid in turns to where the account before it was repaid (never back).
+func (t repayTurns) queue(a *Account, ap, cp, p *Policy, pExists bool) queuedRefill {
+	var q queuedRefill
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		unit := ap.Dimensions[i].Unit
+		if refilledFully(unit, cp, p, pExists) {
+			q.skip |= 1 << i
+			continue
+		}
+		turn := t[unit]
+		if turn.waiting {
+			q.skip |= 1 << i
+			continue
+		}
+		if turn.next == repaidNever {
+			// Never reached: it does not refill, as after a waiting one.
+			q.skip |= 1 << i
+			continue
+		}
+		a.RefilledTo[i] = max(a.RefilledTo[i], turn.next)
+		q.turn |= 1 << i
+		q.from[i], q.debt[i] = a.RefilledTo[i], a.Balances[i].Debt()
+	}
+	return q
+}
+
+// took ends a's turn in each unit q queued it for where it owed: the
+// next account starts where a is repaid, and waits when that is after now.
+func (t repayTurns) took(a *Account, ap *Policy, q *queuedRefill, now time.Time) {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if q.turn&(1<<i) == 0 || q.debt[i] <= 0 {
+			continue
+		}
+		repaid := repaidAt(&ap.Dimensions[i], q.from[i], q.debt[i])
+		t[ap.Dimensions[i].Unit] = repayTurn{next: repaid, waiting: repaid > now.UnixNano()}
+	}
+}
+
+// after returns when a (dimension i, under d), owing debt there, is
+// repaid if it takes its turn in the unit after the accounts walked
+// before it, and records it as the unit's next turn: a walk of the turns
+// ahead (slowestOwing), where every account before it is repaid in time.
+func (t repayTurns) after(a *Account, d *Dimension, i int, debt Units) int64 {
+	from := max(a.RefilledTo[i], t[d.Unit].next)
+	repaid := repaidAt(d, from, debt)
+	if from == repaidNever {
+		repaid = repaidNever
+	}
+	t[d.Unit] = repayTurn{next: repaid}
+	return repaid
+}
+
+// repaidAt returns when refill under d, counted from the cursor from,
+// has minted debt: from plus the whole intervals it takes (refillUpTo
+// mints by whole intervals); repaidNever when d does not refill, and
+// repaidNever-1 when the time is beyond int64.
+func repaidAt(d *Dimension, from int64, debt Units) int64 {
+	if !d.Refills() {
+		return repaidNever
+	}
+	intervals := (debt + d.RefillUnits - 1) / d.RefillUnits
+	interval := int64(d.RefillInterval)
+	if from >= repaidNever-1 || intervals > (repaidNever-1-max(from, 0))/interval {
+		return repaidNever - 1
+	}
+	return from + intervals*interval
+}
+
+// waitUntil is the retry-after of a debt repaid at repaid (repaidAt):
+// 0 (never) when it is never repaid, else until then in whole seconds,
+// one second at least, as refillWait.
+func waitUntil(repaid int64, now time.Time) time.Duration {
+	switch {
+	case repaid == repaidNever:
+		return 0
+	case repaid == repaidNever-1 || now.UnixNano() < 0 && repaid > math.MaxInt64+now.UnixNano():
+		return MaxRetryAfter
+	}
+	wait := time.Duration(repaid - now.UnixNano())
+	if wait < time.Second {
+		wait = time.Second
+	}
+	return WholeSeconds(wait)
 }

@@ -95,7 +95,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 		// The current account owes debt p does not limit (currentAccount
 		// brought it to now, refilling it as owing: no refill here).
 		refill = false
-		if sameUnitsAt(p, ap, &cmd.Units) {
+		if sameUnitsAt(p, ap, &cmd.Units) && refillsFor(ap) {
 			// It holds the subject's capacity in every unit used: the
 			// usage is charged to it, from its available first, as it
 			// would be after the switch, and no debt is left on an
@@ -104,11 +104,15 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 			cp = ap
 		} else {
 			// Usage in a unit the owing account does not limit (or in
-			// another order): charged to p's account, which the subject
-			// switches to once that debt is repaid; until then it is not
-			// current, and debt the usage leaves there puts it in the
-			// subject's owing set (below), so a rollback of p does not
-			// leave it where nothing repays it.
+			// another order), or any usage when its generation was
+			// rolled back (its capacity in every unit p limits moved
+			// to p's account, intoDeciding: charged to it, the usage
+			// would be debt beside that capacity): charged to p's
+			// account, which the subject switches to once that debt
+			// is repaid; until then it is not current, and debt the
+			// usage leaves there puts it in the subject's owing set
+			// (below), so a rollback of p does not leave it where
+			// nothing repays it.
 			a = decidingAccount(b, subject, p, ap, now)
 		}
 	}

@@ -710,8 +710,7 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
-	current := isCurrent(b, a)
-	bringToNow(b, a, p, now, current && !p.RolledBack)
+	current := bringHolderToNow(b, a, p, now)
 
 	before := a.Balances
 	var refunded Amounts
@@ -952,8 +951,7 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 	if err != nil {
 		return Result{Err: err, Reservation: *r}
 	}
-	current := isCurrent(b, a)
-	bringToNow(b, a, p, now, current && !p.RolledBack)
+	current := bringHolderToNow(b, a, p, now)
 	before := a.Balances
 	for i := 0; i < a.Dims; i++ {
 		a.Balances[i].Reserved -= r.Reserved[i]
