@@ -201,11 +201,8 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
 // counting what p's account (when it is not a) holds in that unit,
-// available (heldByDeciding) less what it owes there (owedByDeciding: the
-// switch, or releaseOwing when a rollback makes a's generation decide
-// again, nets a's available against that debt), and reserved (a counts
-// it with every hold of the subject's other accounts,
-// Account.HeldElsewhere). When a became
+// available (heldByDeciding) and reserved (a counts it with every hold
+// of the subject's other accounts, Account.HeldElsewhere). When a became
 // current, p's account moved its available capacity to a (makeCurrent),
 // but it keeps its reservations,
 // what a's burst had no room for, and what other members move to it while
@@ -237,18 +234,6 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 		}
 	}
 	held := heldByDeciding(b, a, ap, p)
-	// Debt p's account owes in a unit this account refills is the
-	// subject's too: the switch moves this account's available there,
-	// where it repays that debt first (moveRoom counts it), so the refill
-	// here has room for it beyond the burst. The subject's capacity, what
-	// both accounts hold available less that debt, stays within the
-	// burst; without the room, a request needing the debt and itself
-	// would wait at the burst until the switch, and be refused after the
-	// Retry-After that counted this refill (slowestOwing).
-	owed := owedByDeciding(b, a, ap, p)
-	for i := range held {
-		held[i] -= owed[i]
-	}
 	if before, minted := refillUpTo(a, ap, now, repayOnly, skip, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
@@ -265,28 +250,6 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 func heldByDeciding(b Book, a *Account, ap, p *Policy) Amounts {
 	available, _ := decidingHolds(b, a, ap, p)
 	return available
-}
-
-// owedByDeciding returns, per dimension of a (under its policy ap), the
-// debt the deciding generation's account (p's) owes in the same unit,
-// when a is not that account; zero where p does not limit the unit or its
-// account does not exist yet.
-func owedByDeciding(b Book, a *Account, ap, p *Policy) (owed Amounts) {
-	if a.Key.Generation == p.Generation {
-		return owed
-	}
-	key := a.Key
-	key.Generation = p.Generation
-	deciding, ok := b.Account(key)
-	if !ok {
-		return owed
-	}
-	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
-		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < deciding.Dims {
-			owed[i] = deciding.Balances[j].Debt()
-		}
-	}
-	return owed
 }
 
 // decidingHolds returns, per dimension of a (under its policy ap), the
