@@ -41,6 +41,7 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
+	AccountsView(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, store.AccountsView, error)
 	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)

@@ -85,6 +85,17 @@ type Store interface {
 	// this for the subjects that owe only (their owing rows are a seek
 	// per subject more); the others' accounts say they are not frozen.
 	AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]SubjectOwing, error)
+	// AccountsView returns what a view shows of subjects' accounts
+	// (AccountsView: their accounts, the owing rows of those that owe,
+	// the generation deciding for each and the policies of those
+	// generations and the accounts'), all from one snapshot of the
+	// committed rows, as AccountsWithOwing reads its two (SQLite: one
+	// read transaction; PostgreSQL: one REPEATABLE READ, read-only
+	// transaction; the in-memory store: one hold of its lock), through
+	// ReadAccountsView. A read view reads this, not the heads and
+	// policies on their own: a publish or rollback committed between two
+	// reads made a view of numbers that never stood together.
+	AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (AccountsView, error)
 	// AccountsPage returns up to f.Limit accounts that f's subject, route
 	// and region select, in key order (subject, route, region,
 	// generation; text compared as in AccountList's order of every

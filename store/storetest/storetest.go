@@ -102,6 +102,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsOfSubjects", testAccountsOfSubjects},
 		{"AccountsWithOwing", testAccountsWithOwing},
 		{"AccountsWithOwingOneSnapshot", testAccountsWithOwingOneSnapshot},
+		{"AccountsViewOneSnapshot", testAccountsViewOneSnapshot},
 		{"PolicyHeads", testPolicyHeads},
 		{"PoliciesOfGenerations", testPoliciesOfGenerations},
 		{"Lists", testLists},
