@@ -805,6 +805,14 @@ func (e *Engine) UnknownBacklog(ctx context.Context) (store.UnknownBacklog, erro
 	return e.core.store.ReservationsUnknownBacklog(ctx)
 }
 
+// AccountsInDebtCount counts the accounts whose stored row owes debt
+// (store.Store.AccountsInDebtCount: from the store's debt index, in one
+// read; a row refill has repaid since its last command counts until its
+// next, as AccountsInDebt's store pages list it).
+func (e *Engine) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	return e.core.store.AccountsInDebtCount(ctx)
+}
+
 // maxDebtScans bounds the store pages one AccountsInDebt call reads when
 // refill has repaid most of what the stored rows still show.
 const maxDebtScans = 8

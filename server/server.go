@@ -53,6 +53,7 @@ type Ledger interface {
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
 	AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, ledger.AccountKey, bool, error)
+	AccountsInDebtCount(ctx context.Context) (int64, error)
 	Stats() engine.Stats
 	Ready() error
 }
@@ -210,6 +211,7 @@ func New(l Ledger, cfg Config) *Server {
 	s.metrics.registerLeader(l)
 	s.metrics.registerMaintenance(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
+	s.metrics.registerDebtCount(l, s.log, cfg.Clock)
 	s.metrics.registerSubjectIndex(cfg.Console)
 	if cfg.Resolver != nil {
 		s.metrics.registerResolver(cfg.Resolver)

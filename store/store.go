@@ -203,6 +203,12 @@ type Store interface {
 	// triggers on the term rows, schema 12), SQLite a table of the
 	// debtors' keys (its balances are encoded), the in-memory store a set.
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
+	// AccountsInDebtCount counts the accounts AccountsInDebt pages
+	// through (those whose stored row owes), from the same index, in one
+	// read: its cost grows with the debtors, not with the other accounts.
+	// Stored rows refill lazily, so a row refill has repaid since its
+	// last command still counts until its next.
+	AccountsInDebtCount(ctx context.Context) (int64, error)
 
 	// Snapshot reads every row for an audit, in one consistent read
 	// (Retained included; tombstones are not rows an audit needs), the

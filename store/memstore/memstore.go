@@ -616,6 +616,15 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.Unknown
 	return b, err
 }
 
+// AccountsInDebtCount counts the debtor set.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (n int64, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		n = int64(len(r.debtors))
+		return nil
+	})
+	return n, err
+}
+
 // AccountsInDebt returns copies of up to f.Limit accounts that owe debt
 // in some balance (OverdraftIssued > OverdraftRepaid, any of the
 // MaxDimensions, as the SQL stores' rows hold them), in key order,

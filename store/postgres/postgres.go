@@ -794,6 +794,18 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	return b, nil
 }
 
+// AccountsInDebtCount counts the accounts flagged in_debt, through the
+// partial index accounts_in_debt (its predicate repeated, so the planner
+// can match it): an index (only) scan of the debtors' entries, whatever
+// the number of other accounts.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE in_debt`).Scan(&n); err != nil {
+		return 0, s.c.classify("accounts in debt count", err, false)
+	}
+	return n, nil
+}
+
 // debtSQL returns AccountsInDebt's query, with the cursor clause when
 // after is set: $1 is the limit, $2 to $5 the cursor key. The inner
 // SELECT reads the partial index accounts_in_debt (the keys of the

@@ -1104,6 +1104,15 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")
 }
 
+// AccountsInDebtCount counts the keys of account_debtors (the accounts
+// whose row owes), reading that table's key only.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	return queryOne(ctx, s, s.r.debtorCount, func(sc scanner) (n int64, err error) {
+		err = sc.Scan(&n)
+		return n, err
+	}, "accounts in debt count")
+}
+
 // AccountsInDebt returns up to f.Limit accounts that owe debt in some
 // balance (OverdraftIssued > OverdraftRepaid, any of the row's
 // MaxDimensions), in primary-key order, strictly after f.After unless it

@@ -89,6 +89,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
 		{"AccountsInDebt", testAccountsInDebt},
 		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
+		{"AccountsInDebtCount", testAccountsInDebtCount},
 		{"AccountsPage", testAccountsPage},
 		{"AccountsPageOfSubject", testAccountsPageOfSubject},
 		{"AccountsPageOfRoute", testAccountsPageOfRoute},
