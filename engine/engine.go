@@ -832,9 +832,9 @@ const maxDebtScans = 8
 // whether the store may hold more debtors after it.
 //
 // The store reads of a call do not grow with f.Limit: per store page, the
-// page itself and one read of the subjects of the rows keep lets through
-// (store.AccountsWithOwing: their accounts, current pointers and
-// owing-set rows from one snapshot), and the policies once per call.
+// page itself and one view of the subjects of the rows keep lets through
+// (store.Store.AccountsView: their accounts, the owing rows of those that
+// owe, their heads and policies from one snapshot).
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
@@ -995,9 +995,10 @@ func decidingOfView(view store.AccountsView) func(ledger.PolicyKey) (uint64, boo
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
 // never holds one read open over all of them, and reading one subject's
-// (f.Subject) reads its accounts only. Its heads are one read
-// (store.Store.PolicyHeads), its generations another
-// (store.Store.PoliciesOfGenerations).
+// (f.Subject) reads its accounts only. The page's subjects are then shown
+// from one snapshot of their accounts, owing rows, heads and generations
+// (store.Store.AccountsView), so the accounts and the deciding
+// generations stood together.
 func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
 	after := f.After
 	limit := max(f.Limit, 1)

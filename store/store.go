@@ -81,9 +81,9 @@ type Store interface {
 	// debt from one generation's account to another's, its pointer with
 	// them, or one that joins it to its owing set, is in both or in
 	// neither. In the owing map a subject with neither pointer nor rows
-	// is absent; a key with an empty Subject names none. A view reads
-	// this for the subjects that owe only (their owing rows are a seek
-	// per subject more); the others' accounts say they are not frozen.
+	// is absent; a key with an empty Subject names none. The engine's
+	// views read AccountsView instead, which reads these with the heads
+	// and policies in the same snapshot.
 	AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]SubjectOwing, error)
 	// AccountsView returns what a view shows of subjects' accounts
 	// (AccountsView: their accounts, the owing rows of those that owe,
