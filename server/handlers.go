@@ -895,19 +895,22 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 		// Answered as a subject that never reserved.
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
-	accounts, err := s.ledger.Accounts(ctx, key)
+	// Each account with its generation's policy as read with it (one
+	// snapshot: Ledger.AccountsView).
+	accounts, view, err := s.ledger.AccountsView(ctx, key)
 	if err != nil {
 		return nil, readError("get account "+key.String(), ReasonAccountNotFound, err)
 	}
+	policies := pagePolicies{s: s, byGeneration: view.Policies}
 	resp := &v1.GetAccountResponse{}
 	for i := range accounts {
 		a := &accounts[i]
 		if a.Key.SubjectKey() != key {
 			continue
 		}
-		p, err := s.policies.get(ctx, a.Key.Generation)
-		if err != nil {
-			return nil, readError("get account "+key.String(), ReasonPolicyNotFound, err)
+		p, cerr := policies.get(ctx, a.Key.Generation)
+		if cerr != nil {
+			return nil, cerr
 		}
 		resp.Accounts = append(resp.Accounts, accountProto(a, &p))
 	}
