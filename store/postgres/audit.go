@@ -39,6 +39,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		return s.c.classify("snapshot: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	store.Progressed(ctx)
 	snap, err := s.snapshotRows(ctx, tx, false)
 	if err != nil {
 		return err
@@ -153,6 +154,9 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	} else if snap.Policies, err = s.policyList(ctx, tx, 0); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	// A query answered: a bounded audit (store.WithProgress) waits anew
+	// for each next one.
+	store.Progressed(ctx)
 	if reservations { // else streamed (streamAccounts)
 		rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
 		if err != nil {
@@ -165,25 +169,32 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
 	}
+	store.Progressed(ctx)
 	if snap.Moves, err = s.moveList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Shards, err = s.shardList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Statements, err = s.statementList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.RetainedShards, err = s.retainedShardsList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = $1`, store.MetaForgetsJournaledAfter).
 		Scan(&snap.ForgetsJournaledAfter); err != nil {
 		return nil, s.c.classify("snapshot: meta", err, false)
 	}
+	store.Progressed(ctx)
 	if snap.Checkpoints, err = s.checkpointChain(ctx, tx, reservations); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
