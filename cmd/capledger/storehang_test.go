@@ -238,7 +238,8 @@ func postgresBehindProxy(t *testing.T) (string, *faultproxy.Proxy) {
 // StreamAudit), and a DrainProgress that runs drain passes (runDrains),
 // take as long as their work needs while the store answers, but end with
 // 503 unavailable / STORE_UNAVAILABLE once their PostgreSQL has not
-// answered one read for serve --store-timeout: the audit saying nothing
+// answered one read for serve --store-timeout (a slow store that answers
+// each read in time does not end them): the audit saying nothing
 // was changed, the drains how many moves were applied and that the rest
 // was not; and that they succeed once the store answers again. They
 // waited for the caller's deadline, and `capledger audit` (a stream
@@ -270,6 +271,29 @@ func TestAuditAndDrainsAnswerWithinStoreTimeoutWhileTheStoreHangs(t *testing.T) 
 	cliAudit := func() (int, string) {
 		out, code := runBinary(t, bin, "audit", "--addr", srv.url, "--timeout", "10m")
 		return code, out
+	}
+
+	// A slow store that answers every read: each chunk either way
+	// delayed an eighth of the store timeout, so each read waits well
+	// under it while the audit's dozen or more reads take longer than it.
+	// The audits are capped per read, not as a whole: they succeed.
+	proxy.SetFaults(faultproxy.Faults{Delay: storeTimeout / 8})
+	for name, run := range map[string]func() (int, string){
+		"Audit": func() (int, string) {
+			code, out := post(&http.Client{}, srv.url, "Audit", `{}`)
+			return code, fmt.Sprint(out)
+		},
+		"capledger audit": cliAudit,
+	} {
+		began := time.Now()
+		code, out := run()
+		took := time.Since(began)
+		if (name == "Audit" && code != http.StatusOK) || (name != "Audit" && code != 0) {
+			t.Errorf("%s on a slow store that answers each read: %d %s, want it to succeed (took %v; --store-timeout %v)", name, code, out, took, storeTimeout)
+		} else if took <= storeTimeout {
+			t.Errorf("%s on a slow store took %v, not longer than --store-timeout %v: the delays no longer make this check prove anything", name, took, storeTimeout)
+		}
+		t.Logf("%s on a slow store: %v (--store-timeout %v)", name, took.Round(time.Millisecond), storeTimeout)
 	}
 
 	proxy.SetFaults(faultproxy.Faults{Partition: true})

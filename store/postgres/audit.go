@@ -93,6 +93,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), $1) - $1 FROM journal`, after).Scan(&rows); err != nil {
 			return 0, s.c.classify("snapshot: estimate", err, false)
 		}
+		store.Progressed(ctx) // each query answered: a bounded audit waits anew
 		tables := []string{"accounts"}
 		if reservations {
 			tables = append(tables, "reservations")
@@ -107,6 +108,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 				FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid WHERE c.oid = $1::regclass`, table).Scan(&live, &counted, &planned); err != nil {
 				return 0, s.c.classify("snapshot: estimate", err, false)
 			}
+			store.Progressed(ctx)
 			if counted {
 				rows += live
 			} else {
