@@ -97,6 +97,7 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 	debt := map[string]int64{}
 	var after ledger.AccountKey
 	for {
+		store.Progressed(ctx) // asking for a page: a bounded caller (Audit) bounds its wait
 		page, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000}, nil)
 		if err != nil {
 			s.log.Warn("gate metrics: debts", "err", err)
@@ -133,6 +134,7 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 	var ages []time.Duration
 	f := store.UnknownFilter{Limit: 1000}
 	for {
+		store.Progressed(ctx)
 		page, err := s.ledger.ReservationsUnknown(ctx, f)
 		if err != nil {
 			s.log.Warn("gate metrics: usage unknown", "err", err)

@@ -918,10 +918,16 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 }
 
 // Audit implements LedgerService.Audit.
+//
+// Uncapped (storecap.go): the audit takes as long as its rows need, but
+// ends with 503 STORE_UNAVAILABLE, nothing changed, once its store has
+// not answered one of its reads for the store timeout (scanBound).
 func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
+	ctx, cancel := scanBound(ctx, s.storeTimeout)
+	defer cancel()
 	found, err := s.ledger.Audit(ctx)
 	if err != nil {
-		return nil, auditError(err)
+		return nil, scanTimedOut(ctx, auditError(err))
 	}
 	return connect.NewResponse(s.auditResponse(ctx, found, auditModeFull)), nil
 }

@@ -122,10 +122,11 @@ type Config struct {
 	// without it those reads answer UNIMPLEMENTED and the audit status is
 	// this replica's memory.
 	Console store.ConsoleStore
-	// StoreTimeout bounds how long one unary call (Audit excepted) waits
-	// for the store: its reads, its wait for a commit, the reads that
-	// build its answer (storecap.go); default DefaultStoreTimeout. A call
-	// it ends answers 503 unavailable.
+	// StoreTimeout bounds how long one unary call waits for the store:
+	// its reads, its wait for a commit, the reads that build its answer
+	// (storecap.go); for the long ones (Audit, StreamAudit, drain passes,
+	// the scans of every account), each of their reads. Default
+	// DefaultStoreTimeout. A call it ends answers 503 unavailable.
 	StoreTimeout time.Duration
 }
 
