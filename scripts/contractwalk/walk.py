@@ -134,6 +134,12 @@ REQUEST_FIELDS = {
     'ReconcileShard': {'shardId': None, 'gatewayId': None,
                        'receipts': dict.fromkeys(['reservationId', 'state', 'reservedUnits', 'actualUnits'])},
     'IssueShard': dict.fromkeys(['shardId', 'subject', 'route', 'region', 'units', 'gatewayId', 'bootEpoch', 'ttl']),
+    'GetRollout': {'name': None},
+    'SetRolloutShare': dict.fromkeys(['name', 'percent']),
+    'EndRollout': {'name': None},
+    'RollbackGenerations': {'generations': None},
+    'GetShard': dict.fromkeys(['shardId', 'receiptIds']),
+    'GetResolverAnswers': {'reservationIds': None},
 }
 
 
