@@ -17,18 +17,39 @@ type FieldError struct {
 	Kind    error
 	Path    string // "" for the checked value itself ("is required")
 	Problem string // what is wrong, as a phrase after the path
+	// Also is the path of a second field the problem names, "" for none:
+	// the first of a pair that appears twice ("dimensions[0]"). It is a
+	// path of the same request, so Under roots it as it roots Path.
+	Also string
+}
+
+// NewFieldError is the one constructor of a FieldError: kind refusing the
+// field at path, problem the phrase that follows the path.
+func NewFieldError(kind error, path, problem string) *FieldError {
+	return &FieldError{Kind: kind, Path: path, Problem: problem}
+}
+
+// Twice returns e naming also, the path of the field that e's field
+// repeats: its text ends " (also <also>)".
+func (e *FieldError) Twice(also string) *FieldError {
+	return &FieldError{Kind: e.Kind, Path: e.Path, Problem: e.Problem, Also: also}
 }
 
 // Text is the message without Kind: the path, then the problem ("holdTtl
-// 0.050s is shorter than ...", "dimensions: none given ...").
+// 0.050s is shorter than ...", "dimensions: none given ..."), then the
+// second path if any ("... appears twice (also dimensions[0])").
 func (e *FieldError) Text() string {
+	text := e.Path + " " + e.Problem
 	switch {
 	case e.Path == "":
-		return e.Problem
+		text = e.Problem
 	case strings.HasPrefix(e.Problem, ":"):
-		return e.Path + e.Problem
+		text = e.Path + e.Problem
 	}
-	return e.Path + " " + e.Problem
+	if e.Also != "" {
+		text += " (also " + e.Also + ")"
+	}
+	return text
 }
 
 func (e *FieldError) Error() string { return e.Kind.Error() + ": " + e.Text() }
@@ -37,7 +58,11 @@ func (e *FieldError) Unwrap() error { return e.Kind }
 // Under returns e with its path rooted in parent, the field that held the
 // checked value ("policy", "receipts[2]").
 func (e *FieldError) Under(parent string) *FieldError {
-	return &FieldError{Kind: e.Kind, Path: FieldPath(parent, e.Path), Problem: e.Problem}
+	under := &FieldError{Kind: e.Kind, Path: FieldPath(parent, e.Path), Problem: e.Problem}
+	if e.Also != "" {
+		under.Also = FieldPath(parent, e.Also)
+	}
+	return under
 }
 
 // FieldPath is the one rule for field paths: child's path within parent,
@@ -59,9 +84,4 @@ func FieldPath(parent, child string) string {
 // ("dimensions", 0: "dimensions[0]").
 func ItemPath(path string, i int) string {
 	return path + "[" + strconv.Itoa(i) + "]"
-}
-
-// fieldProblem returns a FieldError of kind at path.
-func fieldProblem(kind error, path, problem string) error {
-	return &FieldError{Kind: kind, Path: path, Problem: problem}
 }

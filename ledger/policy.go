@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -144,12 +143,7 @@ const MaxUnitBytes = 128
 // as JSON spells it ("holdTtl", "dimensions[1].burst").
 func (p *Policy) Validate() error {
 	bad := func(path, format string, args ...any) error {
-		return fieldProblem(ErrInvalidPolicy, path, fmt.Sprintf(format, args...))
-	}
-	// KeyProblem and RouteKeyProblem start with the field's name.
-	keyProblem := func(problem string) error {
-		field, rest, _ := strings.Cut(problem, " ")
-		return bad(field, "%s", rest)
+		return NewFieldError(ErrInvalidPolicy, path, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case p.Key.Subject == "":
@@ -158,10 +152,14 @@ func (p *Policy) Validate() error {
 		return bad("route", "is empty")
 	case p.Key.Region == "":
 		return bad("region", "is empty")
-	case KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
-		return keyProblem(KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
-	case RouteKeyProblem(p.Key.Route, p.Key.Region) != "":
-		return keyProblem(RouteKeyProblem(p.Key.Route, p.Key.Region))
+	}
+	if field, problem := KeyFieldProblem(p.Key.Subject, p.Key.Route, p.Key.Region); problem != "" {
+		return bad(field, "%s", problem)
+	}
+	if field, problem := RouteKeyProblem(p.Key.Route, p.Key.Region); problem != "" {
+		return bad(field, "%s", problem)
+	}
+	switch {
 	case len(p.Dimensions) == 0:
 		return bad("dimensions", ": none given (a policy limits at least one unit)")
 	case len(p.Dimensions) > MaxDimensions:
@@ -198,7 +196,8 @@ func (p *Policy) Validate() error {
 		case TextProblem(d.Unit, MaxUnitBytes) != "":
 			return bad(at("unit"), "%s", TextProblem(d.Unit, MaxUnitBytes))
 		case p.DimensionIndex(d.Unit) != i:
-			return bad(at("unit"), "%q appears twice (also %s)", d.Unit, ItemPath("dimensions", p.DimensionIndex(d.Unit)))
+			// Also a path of the policy, rooted with the first one's.
+			return NewFieldError(ErrInvalidPolicy, at("unit"), fmt.Sprintf("%q appears twice", d.Unit)).Twice(ItemPath("dimensions", p.DimensionIndex(d.Unit)))
 		case d.Burst <= 0 || d.Burst > MaxUnits:
 			return bad(at("burst"), "%d is outside (0, %d] (unit %q)", d.Burst, MaxUnits, d.Unit)
 		case d.RefillUnits < 0 || d.RefillUnits > MaxUnits:
@@ -245,7 +244,7 @@ func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 // a publish that succeeded (its answer lost) still replays.
 func publishPolicy(b Book, p *Policy, replaces uint64, now time.Time) Result {
 	if p == nil {
-		return Result{Err: fieldProblem(ErrInvalidPolicy, "", "is required")}
+		return Result{Err: NewFieldError(ErrInvalidPolicy, "", "is required")}
 	}
 	if err := p.Validate(); err != nil {
 		return Result{Err: err}

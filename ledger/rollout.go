@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -126,16 +125,14 @@ const MaxRolloutNameBytes = 128
 
 // RolloutNameProblem says what is wrong with a rollout's name (empty, or
 // by TextProblem with at most MaxRolloutNameBytes: over 128 bytes, holding
-// a NUL byte, not UTF-8); "" for a good one. A call naming a rollout checks it before any read.
+// a NUL byte, not UTF-8), as a phrase that follows the field's path
+// ("is empty"); "" for a good one. A call naming a rollout checks it
+// before any read.
 func RolloutNameProblem(name string) string {
-	switch {
-	case name == "":
-		return "the name is empty"
+	if name == "" {
+		return "is empty"
 	}
-	if problem := TextProblem(name, MaxRolloutNameBytes); problem != "" {
-		return "the name " + problem
-	}
-	return ""
+	return TextProblem(name, MaxRolloutNameBytes)
 }
 
 // MaxRolloutRoutes bounds the routes of one rollout.
@@ -149,36 +146,33 @@ const MaxRolloutRoutes = 10000
 // ErrRolloutExists.
 func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout, who string, now time.Time) (Rollout, error) {
 	if problem := RolloutNameProblem(name); problem != "" {
-		return Rollout{}, fieldProblem(ErrInvalidRollout, "name", strings.TrimPrefix(problem, "the name "))
+		return Rollout{}, NewFieldError(ErrInvalidRollout, "name", problem)
 	}
 	switch {
 	case by != RolloutByRoute && by != RolloutBySubject:
-		return Rollout{}, fieldProblem(ErrInvalidRollout, "hashBy", fmt.Sprintf("%q is neither %q nor %q", by, RolloutByRoute, RolloutBySubject))
+		return Rollout{}, NewFieldError(ErrInvalidRollout, "hashBy", fmt.Sprintf("%q is neither %q nor %q", by, RolloutByRoute, RolloutBySubject))
 	case len(routes) == 0:
-		return Rollout{}, fieldProblem(ErrInvalidRollout, "routes", ": none given (a rollout covers at least one route)")
+		return Rollout{}, NewFieldError(ErrInvalidRollout, "routes", ": none given (a rollout covers at least one route)")
 	case len(routes) > MaxRolloutRoutes:
-		return Rollout{}, fieldProblem(ErrInvalidRollout, "routes", fmt.Sprintf(": %d given; at most %d", len(routes), MaxRolloutRoutes))
+		return Rollout{}, NewFieldError(ErrInvalidRollout, "routes", fmt.Sprintf(": %d given; at most %d", len(routes), MaxRolloutRoutes))
 	}
 	set := make([]RouteKey, len(routes))
 	seen := make(map[RouteKey]int, len(routes))
 	for i, rk := range routes {
 		if rk.Route == "" {
-			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), "route"), "is empty")
+			return Rollout{}, NewFieldError(ErrInvalidRollout, FieldPath(ItemPath("routes", i), "route"), "is empty")
 		}
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
 		}
-		// KeyProblem and RouteKeyProblem start with the field's name.
-		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
-			field, rest, _ := strings.Cut(problem, " ")
-			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), rest+" (no policy's can)")
+		if field, problem := KeyFieldProblem("", rk.Route, rk.Region); problem != "" {
+			return Rollout{}, NewFieldError(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), problem+" (no policy's can)")
 		}
-		if problem := RouteKeyProblem(rk.Route, rk.Region); problem != "" {
-			field, rest, _ := strings.Cut(problem, " ")
-			return Rollout{}, fieldProblem(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), rest)
+		if field, problem := RouteKeyProblem(rk.Route, rk.Region); problem != "" {
+			return Rollout{}, NewFieldError(ErrInvalidRollout, FieldPath(ItemPath("routes", i), field), problem)
 		}
 		if first, twice := seen[rk]; twice {
-			return Rollout{}, fieldProblem(ErrInvalidRollout, ItemPath("routes", i), fmt.Sprintf("%s appears twice (also %s)", rk, ItemPath("routes", first)))
+			return Rollout{}, NewFieldError(ErrInvalidRollout, ItemPath("routes", i), fmt.Sprintf("%s appears twice", rk)).Twice(ItemPath("routes", first))
 		}
 		seen[rk] = i
 		set[i] = rk

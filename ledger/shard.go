@@ -693,13 +693,13 @@ func checkReceipts(receipts []ShardReceipt, p *Policy) error {
 		r := &receipts[i]
 		at := func(field string) string { return FieldPath(ItemPath("receipts", i), field) }
 		bad := func(path, format string, args ...any) error {
-			return fieldProblem(ErrInvalidCommand, path, fmt.Sprintf(format, args...))
+			return NewFieldError(ErrInvalidCommand, path, fmt.Sprintf(format, args...))
 		}
 		if r.ReservationID == "" {
 			return bad(at("reservationId"), "is required")
 		}
 		if first, twice := seen[r.ReservationID]; twice {
-			return bad(at("reservationId"), "%q appears twice (also %s)", r.ReservationID, ItemPath("receipts", first))
+			return NewFieldError(ErrInvalidCommand, at("reservationId"), fmt.Sprintf("%q appears twice", r.ReservationID)).Twice(ItemPath("receipts", first))
 		}
 		seen[r.ReservationID] = i
 		for d := range r.Reserved {

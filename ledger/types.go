@@ -77,28 +77,40 @@ const MaxKeyBytes = 512
 // long; at most 512"; "" when nothing is: the rule every command's shape
 // checks and the server applies to every read that names an account.
 func KeyProblem(subject, route, region string) string {
-	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
-		if problem := TextProblem(f.value, MaxKeyBytes); problem != "" {
-			return f.name + " " + problem
-		}
+	if field, problem := KeyFieldProblem(subject, route, region); problem != "" {
+		return field + " " + problem
 	}
 	return ""
 }
 
+// KeyFieldProblem is KeyProblem as the refused field's name ("subject",
+// "route", "region") and what is wrong with it ("is 513 bytes long; at
+// most 512"), for a caller that names the field by its own path; "", ""
+// when nothing is.
+func KeyFieldProblem(subject, route, region string) (field, problem string) {
+	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
+		if problem := TextProblem(f.value, MaxKeyBytes); problem != "" {
+			return f.name, problem
+		}
+	}
+	return "", ""
+}
+
 // RouteKeyProblem says why a policy or a rollout cannot name this route
-// and region, "" when it can. "*" widens only subjects (AnySubject): a
-// route or region "*" would be kept as a literal name that no gateway
-// sends, so an operator who meant "every route" would publish a policy
-// that governs nothing, and every reserve on the real routes would still
-// find no policy.
-func RouteKeyProblem(route, region string) string {
+// and region: the field ("route", "region") and what is wrong with it;
+// "", "" when it can. "*" widens only subjects (AnySubject): a route or
+// region "*" would be kept as a literal name that no gateway sends, so an
+// operator who meant "every route" would publish a policy that governs
+// nothing, and every reserve on the real routes would still find no
+// policy.
+func RouteKeyProblem(route, region string) (field, problem string) {
 	switch AnySubject {
 	case route:
-		return fmt.Sprintf("route %q is not a wildcard (only a subject can be): publish one policy per route", AnySubject)
+		return "route", fmt.Sprintf("%q is not a wildcard (only a subject can be): publish one policy per route", AnySubject)
 	case region:
-		return fmt.Sprintf("region %q is not a wildcard (only a subject can be): publish one policy per region", AnySubject)
+		return "region", fmt.Sprintf("%q is not a wildcard (only a subject can be): publish one policy per region", AnySubject)
 	}
-	return ""
+	return "", ""
 }
 
 // KeyPartProblem says what is wrong with one of an account key's

@@ -293,7 +293,7 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 	case len(ids) == 0:
 		return nil, invalidArgument(ReasonInvalidCommand, "reservationIds: at least one id is required")
 	case len(ids) > maxResolverAnswerIDs:
-		return nil, invalidArgument(ReasonInvalidCommand, "%d reservationIds: at most %d", len(ids), maxResolverAnswerIDs)
+		return nil, invalidArgument(ReasonInvalidCommand, "reservationIds: %d given; at most %d", len(ids), maxResolverAnswerIDs)
 	}
 	// An empty (or over-long) id names no reservation: refused as every
 	// other method refuses it, rather than answered as an id without an

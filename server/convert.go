@@ -1002,12 +1002,12 @@ func PolicyProto(p *ledger.Policy, active bool) *v1.Policy {
 // validated by the ledger when publishing.
 func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	if pb == nil {
-		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Problem: "is required"}
+		return ledger.Policy{}, ledger.NewFieldError(ledger.ErrInvalidPolicy, "", "is required")
 	}
 	// Empty means the one schema there is; another name is terms this server
 	// does not know, and publishing them as admissionBudget.v1 would be a guess.
 	if schema := pb.GetSchema(); schema != "" && schema != ledger.SchemaPolicy {
-		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "schema", Problem: fmt.Sprintf("%q: want %s (or leave it out)", schema, ledger.SchemaPolicy)}
+		return ledger.Policy{}, ledger.NewFieldError(ledger.ErrInvalidPolicy, "schema", fmt.Sprintf("%q: want %s (or leave it out)", schema, ledger.SchemaPolicy))
 	}
 	p := ledger.Policy{
 		Key:             ledger.PolicyKey{Subject: pb.GetSubject(), Route: pb.GetRoute(), Region: pb.GetRegion()},
@@ -1035,12 +1035,12 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	// An explicit value is never turned into a default: holdTtl "0s" was
 	// silently 60s. Leave the field out for the default.
 	if pb.GetHoldTtl() != nil && p.HoldTTL < ledger.MinHoldTTL {
-		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "holdTtl", Problem: fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL))}
+		return ledger.Policy{}, ledger.NewFieldError(ledger.ErrInvalidPolicy, "holdTtl", fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL)))
 	}
 	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
-		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "epochLength", Problem: fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength))}
+		return ledger.Policy{}, ledger.NewFieldError(ledger.ErrInvalidPolicy, "epochLength", fmt.Sprintf("%s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength)))
 	}
 	switch pb.GetRollout() {
 	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:
@@ -1048,7 +1048,7 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	case v1.RolloutMode_ROLLOUT_MODE_SHADOW:
 		p.Rollout = ledger.RolloutShadow
 	default:
-		return ledger.Policy{}, &ledger.FieldError{Kind: ledger.ErrInvalidPolicy, Path: "rollout", Problem: fmt.Sprintf("%d is neither %s nor %s", pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)}
+		return ledger.Policy{}, ledger.NewFieldError(ledger.ErrInvalidPolicy, "rollout", fmt.Sprintf("%d is neither %s nor %s", pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW))
 	}
 	for i, d := range pb.GetDimensions() {
 		interval, err := durationFromProto(ledger.ErrInvalidPolicy, ledger.FieldPath(ledger.ItemPath("dimensions", i), "refillInterval"), d.GetRefillInterval())
@@ -1077,7 +1077,7 @@ func durationFromProto(kind error, path string, d *durationpb.Duration) (time.Du
 		return 0, nil
 	}
 	bad := func(format string, args ...any) error {
-		return &ledger.FieldError{Kind: kind, Path: path, Problem: fmt.Sprintf(format, args...)}
+		return ledger.NewFieldError(kind, path, fmt.Sprintf(format, args...))
 	}
 	if err := d.CheckValid(); err != nil {
 		return 0, bad(": %v", err)

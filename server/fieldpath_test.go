@@ -117,7 +117,7 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 		{publish, policy(`,"estimatorDigest":"`+strings.Repeat("d", 513)+`"`, ""), "policy.estimatorDigest is 513 bytes long; at most 512"},
 		{publish, policy("", `{"burst":"10"}`), "policy.dimensions[0].unit is empty"},
 		{publish, policy("", `{"unit":"`+strings.Repeat("u", 129)+`","burst":"10"}`), "policy.dimensions[0].unit is 129 bytes long; at most 128"},
-		{publish, policy("", `{"unit":"tokens","burst":"10"},{"unit":"tokens","burst":"10"}`), `policy.dimensions[1].unit "tokens" appears twice (also dimensions[0])`},
+		{publish, policy("", `{"unit":"tokens","burst":"10"},{"unit":"tokens","burst":"10"}`), `policy.dimensions[1].unit "tokens" appears twice (also policy.dimensions[0])`},
 		{publish, policy("", `{"unit":"tokens","burst":"10"},{"unit":"requests","burst":"0"}`), `policy.dimensions[1].burst 0 is outside (0, 9007199254740992] (unit "requests")`},
 		{publish, dim(`,"refillUnits":"-1"`), `policy.dimensions[0].refillUnits -1 is outside [0, 9007199254740992] (unit "tokens")`},
 		{publish, dim(`,"refillUnits":"1"`), `policy.dimensions[0].refillInterval 0s must be above 0 to mint refillUnits (unit "tokens")`},
@@ -134,12 +134,20 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 		{create, rollout(`{"route":"r"},{"route":"*"}`), `routes[1].route "*" is not a wildcard (only a subject can be): publish one policy per route`},
 		{create, rollout(`{"route":"r","region":"*"}`), `routes[0].region "*" is not a wildcard (only a subject can be): publish one policy per region`},
 		{create, rollout(`{"route":"r"},{"route":"q"},{"route":"r","region":"global"}`), "routes[2] r@global appears twice (also routes[0])"},
+		// The other RolloutService methods name the rollout by the same
+		// field: checked at the door, before the store is asked.
+		{"RolloutService/GetRollout", `{}`, "name is empty"},
+		{"RolloutService/SetRolloutShare", `{"name":"c\u0000","percent":5}`, "name contains a NUL byte"},
+		{"RolloutService/EndRollout", `{"name":"` + strings.Repeat("n", 129) + `"}`, "name is 129 bytes long; at most 128"},
+		{"RolloutService/RollbackGenerations", `{}`, "generations: 0 given; give 1 to 1000"},
+		{"ConsoleService/GetResolverAnswers", `{"reservationIds":[` + strings.TrimSuffix(strings.Repeat(`"a",`, 1001), ",") + `]}`, "reservationIds: 1001 given; at most 1000"},
 		// ReconcileShard and IssueShard: the server's checks and the ledger's.
 		{reconcileM, reconcile(`{"state":"RESERVATION_STATE_RELEASED"}`), "receipts[0].reservationId is required"},
 		{reconcileM, reconcile(receipt("a", "SETTLED"), receipt("a", "SETTLED")), `receipts[1].reservationId "a" appears twice (also receipts[0])`},
 		{reconcileM, reconcile(receipt("a", "RESERVED")), "receipts[0].state is RESERVED (receipt a): release unstarted holds before reconciling"},
 		{reconcileM, reconcile(`{"reservationId":"a"}`), "receipts[0].state is required"},
 		{reconcileM, reconcile(`{"reservationId":"a","state":"RESERVATION_STATE_RELEASED","reservedUnits":{"tokens":-1}}`), `receipts[0].reservedUnits: "tokens" is negative (-1)`},
+		{"ShardService/GetShard", `{"shardId":"s","receiptIds":[` + strings.TrimSuffix(strings.Repeat(`"a",`, 10001), ",") + `]}`, "receiptIds: 10001 given; at most 10000 per call"},
 		{issue, `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"9999999999s"}`, "ttl 9999999999s is longer than the maximum 9223372036s (about 292 years)"},
 	} {
 		req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.method, strings.NewReader(c.body))
@@ -159,7 +167,7 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 		path := leadingPath.FindString(message)
 		service, method, _ := strings.Cut(c.method, "/")
 		sd := v1.File_capledger_v1_capledger_proto.Services().ByName(protoreflect.Name(service))
-		for _, f := range []protoreflect.FileDescriptor{v1.File_capledger_v1_rollout_proto, v1.File_capledger_v1_shard_proto} {
+		for _, f := range []protoreflect.FileDescriptor{v1.File_capledger_v1_rollout_proto, v1.File_capledger_v1_shard_proto, v1.File_capledger_v1_console_proto} {
 			if sd == nil {
 				sd = f.Services().ByName(protoreflect.Name(service))
 			}

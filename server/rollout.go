@@ -489,10 +489,12 @@ func (svc *rolloutService) ListRollouts(ctx context.Context, req *connect.Reques
 
 // checkRolloutName answers a call naming a rollout by a name no rollout
 // can have (ledger.RolloutNameProblem) with 400 INVALID_ROLLOUT before the
-// store is asked (PostgreSQL refuses a NUL byte in a query: it was 503).
+// store is asked (PostgreSQL refuses a NUL byte in a query: it was 503),
+// naming the request's field "name" as every validation refusal names its
+// field (API.md, "Field paths").
 func checkRolloutName(name string) *connect.Error {
 	if problem := ledger.RolloutNameProblem(name); problem != "" {
-		return invalidArgument(ReasonInvalidRollout, "rollout %q: %s", name, problem)
+		return fieldRefusal(ReasonInvalidRollout, "", ledger.NewFieldError(ledger.ErrInvalidRollout, "name", problem))
 	}
 	return nil
 }
@@ -685,7 +687,7 @@ func drainsError(ctx context.Context, applied int, err error) *connect.Error {
 // DrainProgress's generations: 1 to MaxRollbackGenerations of them, none 0.
 func checkGenerations(gens []uint64) *connect.Error {
 	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
-		return invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+		return invalidArgument(ReasonInvalidCommand, "generations: %d given; give 1 to %d", len(gens), MaxRollbackGenerations)
 	}
 	for i, g := range gens {
 		if cerr := checkGeneration(ledger.ItemPath("generations", i), g); cerr != nil {

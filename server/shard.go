@@ -281,7 +281,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	}
 	ids := req.Msg.GetReceiptIds()
 	if len(ids) > maxShardStandings {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d receipt ids; at most %d per call", len(ids), maxShardStandings)
+		return nil, invalidArgument(ReasonInvalidCommand, "receiptIds: %d given; at most %d per call", len(ids), maxShardStandings)
 	}
 	// An empty id names no receipt: refused, not answered NOT_PENDING.
 	for i, id := range ids {
@@ -380,7 +380,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
-		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts))
+		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipts: %d given; at most %d per submission", len(m.GetReceipts()), maxShardReceipts))
 	}
 	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {

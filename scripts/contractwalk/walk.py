@@ -29,6 +29,8 @@ import glob
 import http.client
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -134,6 +136,12 @@ REQUEST_FIELDS = {
     'ReconcileShard': {'shardId': None, 'gatewayId': None,
                        'receipts': dict.fromkeys(['reservationId', 'state', 'reservedUnits', 'actualUnits'])},
     'IssueShard': dict.fromkeys(['shardId', 'subject', 'route', 'region', 'units', 'gatewayId', 'bootEpoch', 'ttl']),
+    'GetRollout': {'name': None},
+    'SetRolloutShare': dict.fromkeys(['name', 'percent']),
+    'EndRollout': {'name': None},
+    'RollbackGenerations': {'generations': None},
+    'GetShard': dict.fromkeys(['shardId', 'receiptIds']),
+    'GetResolverAnswers': {'reservationIds': None},
 }
 
 
@@ -174,25 +182,38 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(binary, workdir, name, extra):
-    port = free_port()
+def start(binary, workdir, name, extra, attempts=5):
+    """Starts a server on a free port and waits until it is ready; returns
+    the process and its port. free_port's port is free only when it
+    answers: another process can take it before the server binds it, so a
+    server that exits before it is ready is started again on a new port
+    (up to attempts times). One that neither exits nor becomes ready is
+    killed, and the walk fails."""
     log = open(os.path.join(workdir, name + '.log'), 'w')
-    proc = subprocess.Popen([binary, 'serve', '--addr', '127.0.0.1:%d' % port, '--data-dir', os.path.join(workdir, name),
-                             '--tokens', os.path.join(workdir, 'tokens')] + extra, stdout=log, stderr=subprocess.STDOUT)
-    # A minute, not a count of tries: on a loaded CI machine a fresh
-    # binary can take seconds to open its store and listen.
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
-            c.request('GET', '/readyz')
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit('%s did not become ready: see %s' % (name, log.name))
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        log.write('== walk.py: start %d on port %d\n' % (attempt, port))
+        log.flush()
+        proc = subprocess.Popen([binary, 'serve', '--addr', '127.0.0.1:%d' % port, '--data-dir', os.path.join(workdir, name),
+                                 '--tokens', os.path.join(workdir, 'tokens')] + extra, stdout=log, stderr=subprocess.STDOUT)
+        # A minute, not a count of tries: on a loaded CI machine a fresh
+        # binary can take seconds to open its store and listen.
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
+                c.request('GET', '/readyz')
+                if c.getresponse().status == 200:
+                    return proc, port
+            except OSError:
+                pass
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            break
+        print('%s exited (status %s) before it was ready on port %d: starting it again on another port' % (name, proc.returncode, port))
+    raise RuntimeError('%s did not become ready: see %s' % (name, log.name))
 
 
 def describe(binary):
@@ -224,12 +245,21 @@ def main():
     workdir = tempfile.mkdtemp(prefix='contractwalk-')
     with open(os.path.join(workdir, 'tokens'), 'w') as f:
         f.write(TOKENS)
-    main_proc, port1 = start(binary, workdir, 'main', [])
-    ret_proc, port2 = start(binary, workdir, 'retention', ['--retention', '1s', '--retention-interval', '200ms', '--tombstone-retention', '20s'])
-    PORT = port1
-    ns = globals()
-    ns.update(PORT1=port1, PORT2=port2, STATE={})
+    procs = []
+    walked = False
+    # SIGTERM (.ci/run's timeout) ends the walk through the finally below,
+    # which stops the servers, instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
+        # Inside the try: when the second server never becomes ready, the
+        # first is stopped all the same.
+        main_proc, port1 = start(binary, workdir, 'main', [])
+        procs.append(main_proc)
+        ret_proc, port2 = start(binary, workdir, 'retention', ['--retention', '1s', '--retention-interval', '200ms', '--tombstone-retention', '20s'])
+        procs.append(ret_proc)
+        PORT = port1
+        ns = globals()
+        ns.update(PORT1=port1, PORT2=port2, STATE={})
         for part in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'parts', '*.py'))):
             before = len(FAILS)
             print('==', os.path.basename(part))
@@ -242,11 +272,23 @@ def main():
             ns['PORT'] = port1
             if len(FAILS) > before:
                 print('   %d mismatches in %s' % (len(FAILS) - before, os.path.basename(part)))
+        walked = True
     finally:
-        for p in (main_proc, ret_proc):
+        for p in procs:
             p.terminate()
-            p.wait(timeout=30)
-    print('%d promises checked, %d broken (servers\' logs in %s)' % (N[0], len(FAILS), workdir))
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        # The servers' logs and stores are kept for a failed walk only.
+        if walked and not FAILS:
+            shutil.rmtree(workdir, ignore_errors=True)
+            where = 'removed'
+        else:
+            where = 'kept in ' + workdir
+        print('%d promises checked, %d broken%s (servers\' logs and data %s)' % (N[0], len(FAILS), '' if walked else ', walk cut short', where))
+        sys.stdout.flush()
     sys.exit(1 if FAILS else 0)
 
 

@@ -19,7 +19,7 @@ fp('policy.subject empty', 'PublishPolicy', P({"route": "r", "dimensions": [T]})
 fp('policy.subject NUL', 'PublishPolicy', P({"subject": "a\u0000", "route": "r", "dimensions": [T]}), 'policy.subject contains a NUL byte', 'INVALID_POLICY')
 fp('policy.dimensions none', 'PublishPolicy', P({"subject": sub, "route": "r"}), 'policy.dimensions: none given (a policy limits at least one unit)', 'INVALID_POLICY')
 fp('policy.dimensions[1].unit twice', 'PublishPolicy', P({"subject": sub, "route": "r", "dimensions": [T, T]}),
-   'policy.dimensions[1].unit "tokens" appears twice (also dimensions[0])', 'INVALID_POLICY')
+   'policy.dimensions[1].unit "tokens" appears twice (also policy.dimensions[0])', 'INVALID_POLICY')
 fp('policy.dimensions[1].burst', 'PublishPolicy', P({"subject": sub, "route": "r", "dimensions": [T, {"unit": "requests", "burst": 0}]}),
    'policy.dimensions[1].burst 0 is outside (0, 9007199254740992] (unit "requests")', 'INVALID_POLICY')
 fp('policy.dimensions[0].refillInterval', 'PublishPolicy', P({"subject": sub, "route": "r", "dimensions": [{"unit": "tokens", "burst": 10, "refillUnits": 1}]}),
@@ -40,6 +40,17 @@ fp('rollout routes[1].route *', 'CreateRollout', ro([{"route": "r"}, {"route": "
    'routes[1].route "*" is not a wildcard (only a subject can be): publish one policy per route', 'INVALID_ROLLOUT')
 fp('rollout routes[2] twice', 'CreateRollout', ro([{"route": "r"}, {"route": "q"}, {"route": "r", "region": "global"}]),
    'routes[2] r@global appears twice (also routes[0])', 'INVALID_ROLLOUT')
+# Every other RolloutService method names the rollout by the same field.
+RS = lambda method, body: call(method, body, svc='RolloutService')
+fp('rollout name empty (GetRollout)', 'GetRollout', RS('GetRollout', {}), 'name is empty', 'INVALID_ROLLOUT')
+fp('rollout name NUL (SetRolloutShare)', 'SetRolloutShare', RS('SetRolloutShare', {"name": "fp\u0000", "percent": 5}), 'name contains a NUL byte', 'INVALID_ROLLOUT')
+fp('rollout name long (EndRollout)', 'EndRollout', RS('EndRollout', {"name": "n" * 129}), 'name is 129 bytes long; at most 128', 'INVALID_ROLLOUT')
+# A count of items refused names its field first too.
+fp('generations none', 'RollbackGenerations', RS('RollbackGenerations', {}), 'generations: 0 given; give 1 to 1000', 'INVALID_COMMAND')
+fp('receiptIds too many', 'GetShard', call('GetShard', {"shardId": "fp" + RUN, "receiptIds": ["a"] * 10001}, svc='ShardService'),
+   'receiptIds: 10001 given; at most 10000 per call', 'INVALID_COMMAND')
+fp('reservationIds too many', 'GetResolverAnswers', call('GetResolverAnswers', {"reservationIds": ["a"] * 1001}, svc='ConsoleService'),
+   'reservationIds: 1001 given; at most 1000', 'INVALID_COMMAND')
 RC = lambda receipts: call('ReconcileShard', {"shardId": "fp" + RUN, "gatewayId": "gw-a", "receipts": receipts}, token=GWA, svc='ShardService')
 rel = lambda rid, state='RELEASED': {"reservationId": rid, "state": "RESERVATION_STATE_" + state, "reservedUnits": {"tokens": 1}}
 fp('receipts[0].reservationId required', 'ReconcileShard', RC([{"state": "RESERVATION_STATE_RELEASED"}]), 'receipts[0].reservationId is required', 'INVALID_COMMAND')
