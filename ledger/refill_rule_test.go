@@ -36,3 +36,38 @@ func TestSwitchBackAfterClockStepBackMintsNoSecondTwice(t *testing.T) {
 			after.Minted-before.Minted, before.Available, after.Available)
 	}
 }
+
+// The limitation docs/ROLLOUT.md states ("Each handover of the subject's
+// capacity loses the refill the previous account had accrued but not yet
+// minted"): refill mints whole intervals of 10 s, generation 1 minted its
+// interval at 10 s, and the switch at 15 s makes generation 2 refill from
+// 15 s, so at 20 s, when one bucket would mint its second interval,
+// nothing is minted; generation 2 mints its first at 25 s. The subject
+// stays 5 s of refill behind one bucket: too little, never too much.
+func TestHandoverRefillsFromTheTakeoverLosingThePartInterval(t *testing.T) {
+	slow := tokens(1000, 100)
+	slow.RefillInterval = 10 * time.Second
+	c := newChecked(t)
+	c.publish(policyOf(slow))
+	c.must(c.reserve("spent", 500))
+	c.must(c.start("spent"))
+	c.must(c.settle("spent", 500))
+	c.advance(15 * time.Second)
+	c.must(c.reserve("a", 1)) // generation 1 mints 100 for 0-10 s
+	p2 := policyOf(slow)
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.must(c.reserve("b", 1))                 // switches to generation 2 at 15 s
+	moved := c.account(g2).Balances[0].Minted // what the switch brought
+	minted := func() int64 { return int64(c.account(g2).Balances[0].Minted - moved) }
+	c.advance(5 * time.Second)
+	c.must(c.reserve("c", 1))
+	if got := minted(); got != 0 {
+		t.Fatalf("generation 2 minted %d at 20 s, 5 s after taking over; want 0 (it refills from 15 s)", got)
+	}
+	c.advance(5 * time.Second)
+	c.must(c.reserve("d", 1))
+	if got := minted(); got != 100 {
+		t.Fatalf("generation 2 minted %d at 25 s; want one interval, 100", got)
+	}
+}
