@@ -884,7 +884,8 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 		}
 		if units[i] > 0 {
 			room := burstRoom(&toPolicy.Dimensions[j], dst, to.HeldElsewhere[j], dest.held[j])
-			mint(dst, units[i])
+			availableBefore := dst.Available
+			mint(dst, units[i]) // repays dst's debt first
 			move.Units[i] = units[i]
 			// The bucket was refilled around the shard while it was out:
 			// what the remint lifts past the burst (counting the
@@ -893,7 +894,7 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 			// as refill tokens do, and is retired at once (recorded, not
 			// dropped). Capacity that was there before the remint is
 			// not touched.
-			if over := units[i] - room; over > 0 {
+			if over := dst.Available - availableBefore - room; over > 0 {
 				dst.Available -= over
 				dst.RetiredForMove += over
 			}
