@@ -676,7 +676,13 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	copyPace := e.newAuditPacer(1)
 	stepStart := time.Now()
 	var copyProgress func(copied int64)
+	// waiting tells the caller (store.Waits) when the audit waits for its
+	// store and when it works on an answer: the server bounds each wait,
+	// not the audit (watched).
+	waiting := store.Waits(ctx)
 	copyCtx := store.WithPause(ctx, func(copied int64) {
+		waiting(false) // a step of the copy done: the pacing is the audit's
+		defer waiting(true)
 		if copyProgress != nil {
 			copyProgress(copied)
 		}
@@ -691,7 +697,11 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			runtime.Gosched()
 		}
 	})
+	waiting(true)
 	err := e.core.store.AuditSnapshot(copyCtx, false, func(snap *ledger.Snapshot, _ int64) error {
+		waiting(false)
+		defer waiting(true)
+		snap = watched(snap, waiting)
 		var estimate int64
 		if o.Progress != nil && snap.Estimate != nil {
 			estimate, _ = snap.Estimate(!o.SinceCheckpoint)
@@ -777,6 +787,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		}
 		return nil
 	})
+	waiting(false)
 	if err == nil {
 		err = streamErr
 	}
@@ -784,6 +795,62 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	return out, nil
+}
+
+// watched returns snap with every read of its store (its streams' rows,
+// PoliciesOf, Estimate) inside waiting(true) ... waiting(false), and the
+// audit's work on each answer (a row yielded, the pacing after it)
+// outside: the caller of an audit (the server, store.Waits) bounds how
+// long the store takes to answer each read, not the audit, which takes
+// as long as its rows need.
+func watched(snap *ledger.Snapshot, waiting func(asking bool)) *ledger.Snapshot {
+	if f := snap.PoliciesOf; f != nil {
+		snap.PoliciesOf = func(generations []uint64) (map[uint64]ledger.Policy, error) {
+			waiting(true)
+			defer waiting(false)
+			return f(generations)
+		}
+	}
+	if f := snap.Estimate; f != nil {
+		snap.Estimate = func(reservations bool) (int64, error) {
+			waiting(true)
+			defer waiting(false)
+			return f(reservations)
+		}
+	}
+	if j := snap.JournalStream; j != nil {
+		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+			waiting(true)
+			defer waiting(false)
+			return j(func(pos int64, e *ledger.JournalEntry) error {
+				waiting(false)
+				defer waiting(true)
+				return yield(pos, e)
+			})
+		}
+	}
+	snap.AccountStream = watchedStream(snap.AccountStream, waiting)
+	snap.AccountKeyStream = watchedStream(snap.AccountKeyStream, waiting)
+	snap.ReservationStream = watchedStream(snap.ReservationStream, waiting)
+	snap.CheckpointAccountStream = watchedStream(snap.CheckpointAccountStream, waiting)
+	return snap
+}
+
+// watchedStream is stream (nil for nil) with its reads inside
+// waiting(true) ... waiting(false) and each row's yield outside (watched).
+func watchedStream[T any](stream func(yield func(T) error) error, waiting func(asking bool)) func(yield func(T) error) error {
+	if stream == nil {
+		return nil
+	}
+	return func(yield func(T) error) error {
+		waiting(true)
+		defer waiting(false)
+		return stream(func(row T) error {
+			waiting(false)
+			defer waiting(true)
+			return yield(row)
+		})
+	}
 }
 
 // An audit looks at the clock every auditCheckRows rows, and at its

@@ -805,6 +805,14 @@ func (e *Engine) UnknownBacklog(ctx context.Context) (store.UnknownBacklog, erro
 	return e.core.store.ReservationsUnknownBacklog(ctx)
 }
 
+// AccountsInDebtCount counts the accounts whose stored row owes debt
+// (store.Store.AccountsInDebtCount: from the store's debt index, in one
+// read; a row refill has repaid since its last command counts until its
+// next, as AccountsInDebt's store pages list it).
+func (e *Engine) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	return e.core.store.AccountsInDebtCount(ctx)
+}
+
 // maxDebtScans bounds the store pages one AccountsInDebt call reads when
 // refill has repaid most of what the stored rows still show.
 const maxDebtScans = 8
@@ -824,19 +832,15 @@ const maxDebtScans = 8
 // whether the store may hold more debtors after it.
 //
 // The store reads of a call do not grow with f.Limit: per store page, the
-// page itself and one read of the subjects of the rows keep lets through
-// (store.AccountsWithOwing: their accounts, current pointers and
-// owing-set rows from one snapshot), and the policies once per call.
+// page itself and one view of the subjects of the rows keep lets through
+// (store.Store.AccountsView: their accounts, the owing rows of those that
+// owe, their heads and policies from one snapshot).
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
 	next = f.After
 	now := e.opts.Clock()
-	// Every debtor's refill needs the policies of its subject's
-	// generations and heads: each read once per call, for the rows
-	// shown, not every policy.
-	policies := newPolicyReads(e.core.store)
 	budget := maxDebtScans * f.Limit // stored rows this call may still read
 	for range maxDebtScans {
 		if budget == 0 {
@@ -850,8 +854,10 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		budget -= len(stored)
 		// Refill depends on which of the subject's generations holds its
 		// capacity, so each row is shown from its subject's accounts as
-		// Accounts shows them: those of every kept row, read in one call
-		// (the last row's too, though it may only say there is more).
+		// Accounts shows them: those of every kept row, read with their
+		// owing rows, heads and policies from one snapshot
+		// (store.Store.AccountsView; the last row's too, though it may
+		// only say there is more).
 		kept := make([]bool, len(stored))
 		var subjects []ledger.PolicyKey
 		for i := range stored {
@@ -863,22 +869,17 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		// row shows them, then as refilled: once per subject, so a
 		// subject with two debtor rows shows both from the same refill.
 		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
-		var owing map[ledger.PolicyKey]store.SubjectOwing
 		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
+		var view store.AccountsView
 		if len(subjects) > 0 {
-			// Every kept subject owed at its last command: its accounts
-			// come with its owing rows, from one snapshot.
-			accounts, read, err := e.core.store.AccountsWithOwing(ctx, subjects)
-			if err != nil {
+			if view, err = e.core.store.AccountsView(ctx, subjects); err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
-			if owing, err = loadShown(ctx, accounts, read, policies); err != nil {
-				return nil, ledger.AccountKey{}, false, err
-			}
-			for _, a := range accounts {
+			for _, a := range view.Accounts {
 				ofSubject[a.Key.SubjectKey()] = append(ofSubject[a.Key.SubjectKey()], a)
 			}
 		}
+		byGeneration := policiesOfView(view)
 		for i := range stored {
 			if len(out) == f.Limit {
 				return out, next, true, nil // stored[i] is one more
@@ -890,7 +891,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			}
 			subject := key.SubjectKey()
 			if !refilled[subject] {
-				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.Deciding, owing, now)
+				shown, err := refilledAsShown(ofSubject[subject], byGeneration, decidingOfView(view), view.Owing, now)
 				if err != nil {
 					return nil, ledger.AccountKey{}, false, err
 				}
@@ -914,22 +915,74 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 // refill due up to now applied to the copies shown (the stored rows refill
 // lazily, on their next command).
 func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
-	accounts, err := e.core.store.AccountList(ctx, subject)
+	shown, _, err := e.AccountsView(ctx, subject)
+	return shown, err
+}
+
+// AccountsView returns what Accounts returns, with the view it was
+// shown from (store.AccountsView: the policies of the accounts'
+// generations and the generation deciding for the subject, read with
+// the accounts from one snapshot), so that a caller rendering the
+// accounts with their policies renders what stood together. For the
+// zero key (every account) the accounts are listed first, then viewed
+// (store.Store.AccountsView of the subjects listed).
+func (e *Engine) AccountsView(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, store.AccountsView, error) {
+	subjects := []ledger.PolicyKey{subject}
+	if subject.Subject == "" {
+		listed, err := e.core.store.AccountList(ctx, subject)
+		if err != nil {
+			return nil, store.AccountsView{}, err
+		}
+		subjects = subjectsOf(listed)
+	}
+	if len(subjects) == 0 {
+		return []ledger.Account{}, store.AccountsView{}, nil
+	}
+	view, err := e.core.store.AccountsView(ctx, subjects)
 	if err != nil {
-		return nil, err
+		return nil, store.AccountsView{}, err
 	}
-	if len(accounts) == 0 {
-		return accounts, nil
+	shown, err := e.shown(view)
+	if shown == nil && err == nil {
+		shown = []ledger.Account{}
 	}
-	// The subject's own generations and what decides for it (its key's
-	// head, else its route's "*" one): a few rows, however many policies
-	// other subjects have.
-	policies := newPolicyReads(e.core.store)
-	accounts, owing, err := readOwing(ctx, e.core.store, accounts, policies)
-	if err != nil {
-		return nil, err
+	return shown, view, err
+}
+
+// shown returns view's accounts with the refill due up to now applied
+// (refilledAsShown, by the view's policies and deciding generations).
+func (e *Engine) shown(view store.AccountsView) ([]ledger.Account, error) {
+	return refilledAsShown(view.Accounts, policiesOfView(view), decidingOfView(view), view.Owing, e.opts.Clock())
+}
+
+// subjectsOf returns the distinct subject keys of accounts (in key
+// order), in their order.
+func subjectsOf(accounts []ledger.Account) []ledger.PolicyKey {
+	var subjects []ledger.PolicyKey
+	for i := range accounts {
+		if s := accounts[i].Key.SubjectKey(); len(subjects) == 0 || subjects[len(subjects)-1] != s {
+			subjects = append(subjects, s)
+		}
 	}
-	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, owing, e.opts.Clock())
+	return subjects
+}
+
+// policiesOfView returns view's policies by generation, as
+// refilledAsShown takes them.
+func policiesOfView(view store.AccountsView) map[uint64]*ledger.Policy {
+	out := make(map[uint64]*ledger.Policy, len(view.Policies))
+	for g, p := range view.Policies {
+		out[g] = &p
+	}
+	return out
+}
+
+// decidingOfView returns the generation deciding for a subject of view.
+func decidingOfView(view store.AccountsView) func(ledger.PolicyKey) (uint64, bool) {
+	return func(subject ledger.PolicyKey) (uint64, bool) {
+		g, ok := view.Deciding[subject]
+		return g, ok
+	}
 }
 
 // AccountsPage returns the accounts f selects after the subject key of
@@ -942,9 +995,10 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
 // never holds one read open over all of them, and reading one subject's
-// (f.Subject) reads its accounts only. Its heads are one read
-// (store.Store.PolicyHeads), its generations another
-// (store.Store.PoliciesOfGenerations).
+// (f.Subject) reads its accounts only. The page's subjects are then shown
+// from one snapshot of their accounts, owing rows, heads and generations
+// (store.Store.AccountsView), so the accounts and the deciding
+// generations stood together.
 func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
 	after := f.After
 	limit := max(f.Limit, 1)
@@ -955,115 +1009,34 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 	}
 	if len(page) == limit {
 		// The last subject key may go on in the next page: leave it
-		// there, whole, unless it fills the page alone.
+		// there, whole, unless it fills the page alone (the view reads
+		// it whole).
 		last := page[len(page)-1].Key.SubjectKey()
 		whole := len(page)
 		for whole > 0 && page[whole-1].Key.SubjectKey() == last {
 			whole--
 		}
-		if whole == 0 {
-			if page, err = e.core.store.AccountList(ctx, last); err != nil {
-				return nil, nil, after, false, err
-			}
-		} else {
+		if whole > 0 {
 			page = page[:whole]
 		}
-		more = len(page) > 0
+		more = true
 	}
-	if len(page) > 0 {
-		next = page[len(page)-1].Key
+	if len(page) == 0 {
+		return page, map[ledger.PolicyKey]uint64{}, next, false, nil
 	}
-	// The page's generations and the heads deciding for its subjects:
-	// reads in proportion to the page, not every policy.
-	policies := newPolicyReads(e.core.store)
-	page, owing, err := readOwing(ctx, e.core.store, page, policies)
+	next = page[len(page)-1].Key
+	// The page's subjects whole, with their owing rows, heads and
+	// policies, from one snapshot: reads in proportion to the page, not
+	// every policy.
+	view, err := e.core.store.AccountsView(ctx, subjectsOf(page))
 	if err != nil {
 		return nil, nil, after, false, err
 	}
-	if n := len(page); n > 0 && page[n-1].Key.Compare(next) > 0 {
-		next = page[n-1].Key // the last subject read again has one more
+	if n := len(view.Accounts); n > 0 && view.Accounts[n-1].Key.Compare(next) > 0 {
+		next = view.Accounts[n-1].Key // the last subject read again has one more
 	}
-	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, owing, e.opts.Clock())
-	return shown, policies.deciding, next, more, err
-}
-
-// readOwing reads what showing accounts, whole subject keys (every
-// generation of each) grouped by subject, takes beyond the accounts
-// (refilledAsShown): for the subjects that owe, their accounts again with
-// their current pointers and owing-set rows, all from one snapshot in one
-// store read (store.Store.AccountsWithOwing), which replace the accounts
-// read before (a switch or settle committed since is in all of them or in
-// none); then the policies (loadShown). A subject none of whose accounts
-// owes costs no read more: its stored rows say it is not frozen (while
-// frozen its current account owes, ledger/owing.go), so the deciding
-// (else newest) generation's account holds its capacity.
-func readOwing(ctx context.Context, st store.Store, accounts []ledger.Account, policies *policyReads) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
-	var subjects []ledger.PolicyKey
-	asked := map[ledger.PolicyKey]bool{}
-	for i := range accounts {
-		subject := accounts[i].Key.SubjectKey()
-		if _, debt := accounts[i].Debt(); debt == 0 || asked[subject] {
-			continue
-		}
-		asked[subject] = true
-		subjects = append(subjects, subject)
-	}
-	var owing map[ledger.PolicyKey]store.SubjectOwing
-	if len(subjects) > 0 {
-		again, read, err := st.AccountsWithOwing(ctx, subjects)
-		if err != nil {
-			return nil, nil, err
-		}
-		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
-		for _, a := range again {
-			ofSubject[a.Key.SubjectKey()] = append(ofSubject[a.Key.SubjectKey()], a)
-		}
-		spliced := make([]ledger.Account, 0, len(accounts)+len(again))
-		for i := range accounts {
-			subject := accounts[i].Key.SubjectKey()
-			if !asked[subject] {
-				spliced = append(spliced, accounts[i])
-			} else if i == 0 || accounts[i-1].Key.SubjectKey() != subject {
-				spliced = append(spliced, ofSubject[subject]...)
-			}
-		}
-		accounts, owing = spliced, read
-	}
-	owing, err := loadShown(ctx, accounts, owing, policies)
-	return accounts, owing, err
-}
-
-// loadShown reads the policies showing accounts takes (policies.load:
-// their generations' and which generation decides for each subject), and
-// the policy of the generation deciding for each subject of owing (read
-// with accounts, store.Store.AccountsWithOwing) that owes, when no account
-// of it was read. It returns owing without the subjects none of whose
-// accounts owes as read: they are shown refilled as their rows stand.
-func loadShown(ctx context.Context, accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, policies *policyReads) (map[ledger.PolicyKey]store.SubjectOwing, error) {
-	if err := policies.load(ctx, accounts, false); err != nil {
-		return nil, err
-	}
-	if len(owing) == 0 {
-		return nil, nil
-	}
-	owes := map[ledger.PolicyKey]bool{}
-	for i := range accounts {
-		if _, debt := accounts[i].Debt(); debt > 0 {
-			owes[accounts[i].Key.SubjectKey()] = true
-		}
-	}
-	var generations []uint64
-	for subject := range owing {
-		if !owes[subject] {
-			delete(owing, subject)
-		} else if g, ok := policies.Deciding(subject); ok {
-			generations = append(generations, g)
-		}
-	}
-	if err := policies.readPolicies(ctx, generations); err != nil {
-		return nil, err
-	}
-	return owing, nil
+	shown, err := e.shown(view)
+	return shown, view.Deciding, next, more, err
 }
 
 // refilledAsShown applies to accounts, whole subject keys (every

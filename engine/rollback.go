@@ -63,16 +63,25 @@ func (d *GenerationDrain) Drained() bool {
 // pass once per epoch interval, but reads again only what its drain memo
 // says may still need a drain. This is for an operator following a
 // rollback.
+//
+// On a failure it returns the moves counted so far, committed by the
+// batches before, and an error that wraps ErrNotApplied when the failed
+// step was a read (the page's drains were not applied) or a batch that
+// did not commit. Its reads tell a bounded caller (store.Progressed,
+// store.Waits) when they wait for the store; its batches do not count
+// as waits: each commit is bounded by Options.BatchTimeout.
 func (e *Engine) RunDrains(ctx context.Context) (int, error) {
+	waiting := store.Waits(ctx)
 	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil, nil)
 	if err != nil {
-		return 0, fmt.Errorf("drains: %w", err)
+		return 0, fmt.Errorf("drains: %w (%w)", err, ErrNotApplied)
 	}
 	ran := 0
 	for {
+		store.Progressed(ctx) // asking for the next page
 		cmds, err := p.Next(ctx)
 		if err != nil {
-			return ran, fmt.Errorf("drains: %w", err)
+			return ran, fmt.Errorf("drains: reading a page: %w (%w)", err, ErrNotApplied)
 		}
 		if len(cmds) == 0 {
 			return ran, nil
@@ -81,6 +90,7 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 		e.workerCmds.Add(uint64(len(cmds)))
 		for start := 0; start < len(cmds); start += e.opts.MaxBatch {
 			end := min(start+e.opts.MaxBatch, len(cmds))
+			waiting(false)
 			results, err := e.doMaintenance(ctx, cmds[start:end])
 			if err != nil {
 				return ran, fmt.Errorf("drains: %w", err)

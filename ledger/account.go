@@ -196,11 +196,8 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
 // counting what p's account (when it is not a) holds in that unit,
-// available less what it owes there (decidingShare: the
-// switch, or releaseOwing when a rollback makes a's generation decide
-// again, nets a's available against that debt), and reserved (a counts
-// it with every hold of the subject's other accounts,
-// Account.HeldElsewhere). When a became
+// available (decidingShare) and reserved (a counts it with every hold
+// of the subject's other accounts, Account.HeldElsewhere). When a became
 // current, p's account moved its available capacity to a (makeCurrent),
 // but it keeps its reservations,
 // what a's burst had no room for, and what other members move to it while
@@ -237,53 +234,22 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 	}
 }
 
-// decidingShare returns, per dimension of a (under its policy ap), the
-// subject's capacity the account of p, the deciding generation, holds in
-// the same unit when a is not that account: what it holds available less
-// what it owes there (negative when it owes more). It is the one rule for
-// the room whatever brings capacity into a while a is the owing current
-// account leaves under a's burst: its refill (bringOwingToNow) and a
-// shard's remint (remintTarget, remintShard). What p's account holds
-// available is the subject's capacity beside a's. Debt it owes is the
-// subject's too: the switch moves a's available there, where it repays
-// that debt first (moveRoom counts it), so a may hold that much beyond
-// its burst. The subject's capacity, what both accounts hold available
-// less that debt, stays within the burst; without the room for the debt,
-// a request needing the debt and itself would wait at the burst until
-// the switch, and be refused after the Retry-After that counted this
-// refill (slowestOwing), and a remint would retire capacity the subject
-// was owed. What p's account holds reserved a counts already, as every
-// hold of the subject's other accounts (Account.HeldElsewhere). Zero
-// where p does not limit the unit or its account does not exist yet.
-func decidingShare(b Book, a *Account, ap, p *Policy) Amounts {
-	held, _ := decidingHolds(b, a, ap, p)
-	owed := owedByDeciding(b, a, ap, p)
-	for i := range held {
-		held[i] -= owed[i]
-	}
-	return held
-}
-
-// owedByDeciding returns, per dimension of a (under its policy ap), the
-// debt the deciding generation's account (p's) owes in the same unit,
-// when a is not that account; zero where p does not limit the unit or its
+// decidingShare returns, per dimension of a (under its policy ap), what
+// the account of p, the deciding generation, holds available in the same
+// unit when a is not that account: the subject's capacity a must leave
+// room for under its burst. It is the one rule for that room, whatever
+// brings capacity into a while a is the owing current account: its refill
+// (bringOwingToNow) and a shard's remint (remintTarget, remintShard).
+// Debt p's account owes there gives a no room beyond its burst: the
+// audit holds every account within its own burst (above_burst), so a
+// request needing that debt and itself beyond the burst waits for the
+// switch (ROLLOUT.md, Limitations). What p's account holds reserved a
+// counts already, as every hold of the subject's other accounts
+// (Account.HeldElsewhere). Zero where p does not limit the unit or its
 // account does not exist yet.
-func owedByDeciding(b Book, a *Account, ap, p *Policy) (owed Amounts) {
-	if a.Key.Generation == p.Generation {
-		return owed
-	}
-	key := a.Key
-	key.Generation = p.Generation
-	deciding, ok := b.Account(key)
-	if !ok {
-		return owed
-	}
-	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
-		if j := p.DimensionIndex(ap.Dimensions[i].Unit); j >= 0 && j < deciding.Dims {
-			owed[i] = deciding.Balances[j].Debt()
-		}
-	}
-	return owed
+func decidingShare(b Book, a *Account, ap, p *Policy) Amounts {
+	available, _ := decidingHolds(b, a, ap, p)
+	return available
 }
 
 // decidingHolds returns, per dimension of a (under its policy ap), the

@@ -142,13 +142,11 @@ func TestOwingRetryAfterCountsDecidingAccountsDebt(t *testing.T) {
 // tokens becomes current, it refills tokens from then on, not for the
 // time the first current account refilled them. g1 (tokens, images) owes
 // 3 images until 3 s, g0 (requests only) owes 5 requests until 5 s, and
-// a record while frozen leaves 400 tokens owed on g2's account at 0 s.
-// g1 refills tokens from its 990 with room for g2's debt (bringOwingToNow):
-// 1290 at 3 s. At 3 s g0 becomes current, and g1's tokens, which g0 does
-// not limit, move to g2's account (makeCurrent leaves them on g1,
-// settleOwing moves them on), repaying the 400: 890 available, one
-// bucket's 590 at 0 s and 3 s of refill. At 4 s g2's account has refilled
-// 1 s of tokens (990), not 4 s (1000).
+// a record while frozen leaves 400 tokens owed on g2's account at 0 s. At
+// 3 s g0 becomes current, and g1's 1000 tokens, which g0 does not limit,
+// move to g2's account (makeCurrent leaves them on g1, settleOwing moves
+// them on), repaying the 400: 600 available. At 4 s g2's account has
+// refilled 1 s of tokens (700), not 4 s (1000).
 func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
 	c := newChecked(t)
@@ -171,13 +169,13 @@ func TestOwingDecidingAccountRepaysFromWhenCurrentStopsRefilling(t *testing.T) {
 	if !isCurrentGen(c, g0) {
 		t.Fatalf("generation %d (owing requests) is not current once %d is repaid", g0, g1)
 	}
-	if tk := c.account(g2).Balances[0]; tk.Debt() != 0 || tk.Available != 890 {
-		t.Fatalf("generation %d's tokens at 3 s: %+v; want generation %d's 1290 moved in, 400 of them repaying the debt", g2, tk, g1)
+	if tk := c.account(g2).Balances[0]; tk.Debt() != 0 || tk.Available != 600 {
+		t.Fatalf("generation %d's tokens at 3 s: %+v; want generation %d's 1000 moved in, 400 of them repaying the debt", g2, tk, g1)
 	}
 	c.advance(time.Second)
 	c.reserve("y", 10)
-	if tk := c.account(g2).Balances[0]; tk.Available != 990 {
-		t.Fatalf("generation %d has %d tokens available at 4 s, want 990 (refilled from 3 s, when generation %d stopped refilling tokens)", g2, tk.Available, g1)
+	if tk := c.account(g2).Balances[0]; tk.Available != 700 {
+		t.Fatalf("generation %d has %d tokens available at 4 s, want 700 (refilled from 3 s, when generation %d stopped refilling tokens)", g2, tk.Available, g1)
 	}
 }
 

@@ -37,13 +37,15 @@ func registerAuditService(mux *http.ServeMux, s *Server, options []connect.Handl
 // (the latest figures again while a phase of the audit reports none, so a
 // client waiting for the next message never takes a long phase for a dead
 // server), and the result is the last message. A send error (the client
-// went away) cancels the audit.
+// went away) cancels the audit. As Audit, it ends with 503
+// STORE_UNAVAILABLE once its store has not answered one of its reads for
+// the store timeout (scanBound).
 func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.StreamAuditRequest], stream *connect.ServerStream[v1.AuditEvent]) error {
 	au, ok := a.s.ledger.(auditor)
 	if !ok {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("this ledger has no streamed audit"))
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := scanBound(ctx, a.s.storeTimeout)
 	defer cancel()
 	var (
 		mu      sync.Mutex // guards the stream and what follows
@@ -109,7 +111,7 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 		return sendErr
 	}
 	if err != nil {
-		return auditError(err)
+		return scanTimedOut(ctx, auditError(err))
 	}
 	mu.Lock()
 	defer mu.Unlock()

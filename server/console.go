@@ -396,27 +396,35 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	}
 	ctx = capped
 	asOf := s.clock()
-	var accounts []ledger.Account
-	var err *connect.Error
+	var (
+		accounts []ledger.Account
+		deciding map[ledger.PolicyKey]uint64
+		policies pagePolicies
+		err      *connect.Error
+	)
 	if m.GetInDebt() {
-		accounts, err = c.debtors(ctx, limit)
+		if accounts, err = c.debtors(ctx, limit); err != nil {
+			return nil, err
+		}
+		subjects := make([]ledger.PolicyKey, len(accounts))
+		for i := range accounts {
+			subjects[i] = accounts[i].Key.SubjectKey()
+		}
+		if deciding, err = c.deciding(ctx, subjects); err != nil {
+			return nil, err
+		}
+		if policies, err = s.policiesOf(ctx, generationsOf(accounts, func(a *ledger.Account) bool { return standingMatches(m, a.Key) })); err != nil {
+			return nil, err
+		}
 	} else {
-		accounts, err = c.accounts(ctx, key)
-	}
-	if err != nil {
-		return nil, err
-	}
-	subjects := make([]ledger.PolicyKey, len(accounts))
-	for i := range accounts {
-		subjects[i] = accounts[i].Key.SubjectKey()
-	}
-	deciding, err := c.deciding(ctx, subjects)
-	if err != nil {
-		return nil, err
-	}
-	policies, cerr := s.policiesOf(ctx, generationsOf(accounts, func(a *ledger.Account) bool { return standingMatches(m, a.Key) }))
-	if cerr != nil {
-		return nil, cerr
+		// The accounts with the generations deciding for them and their
+		// policies (rolled back or not) from one snapshot: a standing's
+		// active and rolled-back marks are those its balances stood with.
+		var view store.AccountsView
+		if accounts, view, err = c.accounts(ctx, key); err != nil {
+			return nil, err
+		}
+		deciding, policies = view.Deciding, pagePolicies{s: s, byGeneration: view.Policies}
 	}
 	now := s.clock()
 	var standings []*v1.AccountStanding
@@ -457,12 +465,13 @@ func standingsKey(m *v1.ListAccountStandingsRequest) ledger.PolicyKey {
 }
 
 // accounts returns the accounts of key (every account for the zero key)
-// in the caller's scope (as GetAccount shows them, in key order). The
-// callers filter the rows again: a store may return rows of other keys.
-func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, *connect.Error) {
-	all, err := c.s.ledger.Accounts(ctx, key)
+// in the caller's scope (as GetAccount shows them, in key order), with
+// the view they were shown from (Ledger.AccountsView). The callers filter
+// the rows again: a store may return rows of other keys.
+func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, store.AccountsView, *connect.Error) {
+	all, view, err := c.s.ledger.AccountsView(ctx, key)
 	if err != nil {
-		return nil, readError("accounts", ReasonAccountNotFound, err)
+		return nil, store.AccountsView{}, readError("accounts", ReasonAccountNotFound, err)
 	}
 	visible := all[:0]
 	for i := range all {
@@ -470,7 +479,7 @@ func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]l
 			visible = append(visible, all[i])
 		}
 	}
-	return visible, nil
+	return visible, view, nil
 }
 
 // debtors returns the first limit accounts owing debt in the caller's

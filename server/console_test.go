@@ -405,7 +405,8 @@ func TestRepaidAtOfADebtBeyondTheHorizonIsAbsent(t *testing.T) {
 	}
 }
 
-// accountListKeys records the subject keys the engine lists accounts of.
+// accountListKeys records the subject keys the engine lists or views
+// accounts of (AccountList, AccountsView).
 type accountListKeys struct {
 	store.Store
 	mu   sync.Mutex
@@ -417,6 +418,13 @@ func (s *accountListKeys) AccountList(ctx context.Context, key ledger.PolicyKey)
 	s.keys = append(s.keys, key)
 	s.mu.Unlock()
 	return s.Store.AccountList(ctx, key)
+}
+
+func (s *accountListKeys) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (store.AccountsView, error) {
+	s.mu.Lock()
+	s.keys = append(s.keys, subjects...)
+	s.mu.Unlock()
+	return s.Store.AccountsView(ctx, subjects)
 }
 
 // similarSubjects are the 1110 subjects of t10 .. t1999 that contain

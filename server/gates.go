@@ -18,20 +18,19 @@ import (
 // USAGE_UNKNOWN backlog at its 99th percentile) are measured when an audit
 // runs (LedgerService.Audit, `capledger audit`, e.g. from a cron job) and
 // exported as of that run, with its time: a scrape never reads the whole
-// ledger. docs/ROLLOUT.md ("The seed's gates as metrics") lists every
-// gate and its metric.
+// ledger. The count of accounts in debt is read at scrape time from the
+// store's debt index instead (debtCountCollector). docs/ROLLOUT.md ("The
+// seed's gates as metrics") lists every gate and its metric.
 //
 //	capledger_audit_discrepancies{check}        discrepancies per audit check
 //	capledger_audit_last_run_timestamp_seconds  when the figures were taken
 //	capledger_debt_outstanding_units{unit}      debt owed, summed by unit
-//	capledger_debt_accounts                     accounts owing debt
 //	capledger_usage_unknown_age_p99_seconds     99th percentile age of USAGE_UNKNOWN
 type gateMetrics struct {
 	mu            sync.Mutex
 	discrepancies *prometheus.GaugeVec
 	lastRun       prometheus.Gauge
 	debt          *prometheus.GaugeVec
-	debtAccounts  prometheus.Gauge
 	unknownP99    prometheus.Gauge
 	// fullAudited: a full audit ran here, so the gauges of the checks a
 	// since-checkpoint audit skips hold its figures.
@@ -55,15 +54,12 @@ func newGateMetrics(registry *prometheus.Registry) *gateMetrics {
 			Help: "When the last audit on this replica ran (0: never); the audit gauges are as of then."}),
 		debt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "capledger_debt_outstanding_units",
 			Help: "Debt owed (overdraft issued minus repaid, refill due applied) over every account, by unit, as of the last audit."}, []string{"unit"}),
-		debtAccounts: prometheus.NewGauge(prometheus.GaugeOpts{Name: "capledger_debt_accounts",
-			Help: "Accounts owing debt, as of the last audit."}),
 		unknownP99: prometheus.NewGauge(prometheus.GaugeOpts{Name: "capledger_usage_unknown_age_p99_seconds",
 			Help: "99th percentile of how long USAGE_UNKNOWN reservations have waited for a receipt, as of the last audit."}),
 	}
 	g.discrepancies = adopt(registry, g.discrepancies)
 	g.lastRun = adopt(registry, g.lastRun)
 	g.debt = adopt(registry, g.debt)
-	g.debtAccounts = adopt(registry, g.debtAccounts)
 	g.unknownP99 = adopt(registry, g.unknownP99)
 	return g
 }
@@ -99,9 +95,9 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 	g.lastRun.Set(float64(now.UnixNano()) / 1e9)
 
 	debt := map[string]int64{}
-	accounts := 0
 	var after ledger.AccountKey
 	for {
+		store.Progressed(ctx) // asking for a page: a bounded caller (Audit) bounds its wait
 		page, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000}, nil)
 		if err != nil {
 			s.log.Warn("gate metrics: debts", "err", err)
@@ -117,15 +113,10 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 			if !ok {
 				continue
 			}
-			owes := false
 			for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
 				if v := a.Balances[d].Debt(); v > 0 {
 					debt[p.Dimensions[d].Unit] += v
-					owes = true
 				}
-			}
-			if owes {
-				accounts++
 			}
 		}
 		if !more {
@@ -138,12 +129,12 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 		for unit, v := range debt {
 			g.debt.WithLabelValues(unit).Set(float64(v))
 		}
-		g.debtAccounts.Set(float64(accounts))
 	}
 
 	var ages []time.Duration
 	f := store.UnknownFilter{Limit: 1000}
 	for {
+		store.Progressed(ctx)
 		page, err := s.ledger.ReservationsUnknown(ctx, f)
 		if err != nil {
 			s.log.Warn("gate metrics: usage unknown", "err", err)

@@ -895,19 +895,22 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 		// Answered as a subject that never reserved.
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
-	accounts, err := s.ledger.Accounts(ctx, key)
+	// Each account with its generation's policy as read with it (one
+	// snapshot: Ledger.AccountsView).
+	accounts, view, err := s.ledger.AccountsView(ctx, key)
 	if err != nil {
 		return nil, readError("get account "+key.String(), ReasonAccountNotFound, err)
 	}
+	policies := pagePolicies{s: s, byGeneration: view.Policies}
 	resp := &v1.GetAccountResponse{}
 	for i := range accounts {
 		a := &accounts[i]
 		if a.Key.SubjectKey() != key {
 			continue
 		}
-		p, err := s.policies.get(ctx, a.Key.Generation)
-		if err != nil {
-			return nil, readError("get account "+key.String(), ReasonPolicyNotFound, err)
+		p, cerr := policies.get(ctx, a.Key.Generation)
+		if cerr != nil {
+			return nil, cerr
 		}
 		resp.Accounts = append(resp.Accounts, accountProto(a, &p))
 	}
@@ -915,10 +918,16 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 }
 
 // Audit implements LedgerService.Audit.
+//
+// Uncapped (storecap.go): the audit takes as long as its rows need, but
+// ends with 503 STORE_UNAVAILABLE, nothing changed, once its store has
+// not answered one of its reads for the store timeout (scanBound).
 func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
+	ctx, cancel := scanBound(ctx, s.storeTimeout)
+	defer cancel()
 	found, err := s.ledger.Audit(ctx)
 	if err != nil {
-		return nil, auditError(err)
+		return nil, scanTimedOut(ctx, auditError(err))
 	}
 	return connect.NewResponse(s.auditResponse(ctx, found, auditModeFull)), nil
 }

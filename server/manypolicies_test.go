@@ -139,7 +139,8 @@ func TestAUnitARollbackElsewhereBroughtBackIsSeenOnAMiss(t *testing.T) {
 	}
 }
 
-// policyHeadFailing fails PolicyHead and PolicyHeads while fail is set.
+// policyHeadFailing fails PolicyHead, PolicyHeads and AccountsView (which
+// reads heads) while fail is set.
 type policyHeadFailing struct {
 	store.Store
 	fail atomic.Bool
@@ -150,6 +151,13 @@ func (s *policyHeadFailing) PolicyHead(ctx context.Context, key ledger.PolicyKey
 		return ledger.PolicyHead{}, fmt.Errorf("%w: policy head: connection reset by peer", store.ErrUnavailable)
 	}
 	return s.Store.PolicyHead(ctx, key)
+}
+
+func (s *policyHeadFailing) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (store.AccountsView, error) {
+	if s.fail.Load() {
+		return store.AccountsView{}, fmt.Errorf("%w: accounts view: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.AccountsView(ctx, subjects)
 }
 
 func (s *policyHeadFailing) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {

@@ -655,6 +655,32 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 	return connect.NewResponse(resp), nil
 }
 
+// drainsError is the answer of a drain pass (RunDrains) that failed
+// with err after applied drain moves had committed, ctx being the pass's
+// (scanBound): the code and reason operatingError gives err (503
+// STORE_UNAVAILABLE when ctx's store did not answer a read in time),
+// saying how many moves were applied, whether the page at hand was not
+// applied or its outcome is unknown, and that running the drains again
+// is safe (a drain moves only what is still there).
+func drainsError(ctx context.Context, applied int, err error) *connect.Error {
+	base := operatingError("drains", err)
+	inFlight := "outcome unknown"
+	if errors.Is(err, engine.ErrNotApplied) {
+		inFlight = "not applied"
+	}
+	msg := fmt.Sprintf("drains: %d drain moves applied before this failure; the rest: %s; run the drains again (a drain moves only what is still there): %v", applied, inFlight, err)
+	code := base.Code()
+	var timedOut storeTimedOut
+	if errors.As(context.Cause(ctx), &timedOut) {
+		code, msg = connect.CodeUnavailable, msg+"; "+timedOut.Error()
+	}
+	out := connect.NewError(code, errors.New(msg))
+	for _, d := range base.Details() {
+		out.AddDetail(d)
+	}
+	return out
+}
+
 // checkGenerations is the shape of RollbackGenerations' and
 // DrainProgress's generations: 1 to MaxRollbackGenerations of them, none 0.
 func checkGenerations(gens []uint64) *connect.Error {
@@ -703,10 +729,15 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 			return nil, withReason(connect.NewError(connect.CodePermissionDenied,
 				fmt.Errorf("runDrains writes: token %q (role %s) may only read the progress", id.Name, id.Role)), ReasonPermissionDenied)
 		}
-		n, err := svc.drains.RunDrains(ctx)
+		// Each of the pass's reads ends once the store has not answered
+		// it for the store timeout; each of its batches at the engine's
+		// batch timeout (the same --store-timeout).
+		drainCtx, cancelDrains := scanBound(ctx, svc.s.storeTimeout)
+		n, err := svc.drains.RunDrains(drainCtx)
+		cancelDrains()
 		resp.DrainCommands = int64(n)
 		if err != nil {
-			return nil, operatingError("drains", err)
+			return nil, drainsError(drainCtx, n, err)
 		}
 		notBefore = time.Now()
 	}

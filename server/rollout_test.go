@@ -265,7 +265,8 @@ func TestShadowComparisonsKeepEachKeysActiveAndNewestGenerations(t *testing.T) {
 
 // The gates measured at audit: every check at 0 on a sound ledger, the
 // debt outstanding by unit, the USAGE_UNKNOWN age p99; nothing measured
-// before the first audit.
+// before the first audit. The count of accounts in debt is read from the
+// store at scrape time: right before any audit too.
 func TestGateMetricsAtAudit(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","executionLimit":"600s",
@@ -279,14 +280,14 @@ func TestGateMetricsAtAudit(t *testing.T) {
 	h.ok("Settle", `{"reservationId":"over","operationId":"op-over","actualUnits":{"tokens":900}}`, "")
 	h.ok("MarkUsageUnknown", `{"reservationId":"lost"}`, "")
 	h.clock.Advance(90 * time.Second)
-	// Before the first audit here the gauges measure nothing: the time
-	// and the counts are 0, although an account owes 700, and there is no
-	// series by check or unit (docs/API.md, "Metrics": read the time
-	// before trusting a 0).
+	// Before the first audit here the audit's gauges measure nothing: the
+	// time and the p99 are 0, and there is no series by check or unit
+	// (docs/API.md, "Metrics": read the time before trusting a 0); the
+	// account owing 700 is counted already.
 	before := h.get("/metrics")
 	for _, line := range []string{
 		`capledger_audit_last_run_timestamp_seconds 0`,
-		`capledger_debt_accounts 0`,
+		`capledger_debt_accounts 1`,
 		`capledger_usage_unknown_age_p99_seconds 0`,
 	} {
 		if !strings.Contains(before, line+"\n") {

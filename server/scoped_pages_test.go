@@ -21,9 +21,9 @@ import (
 // countingStore counts the rows the engine reads through the list reads
 // of a scoped caller: the USAGE_UNKNOWN index, the debt rows, the
 // subjects whose accounts the engine reads to show a debtor (AccountList,
-// AccountsOfSubjects, AccountsWithOwing), and the policy reads (PolicyList); and reads, the
-// calls of every read of accounts and policies (PolicyGet and
-// PoliciesOfGenerations too).
+// AccountsOfSubjects, AccountsWithOwing, AccountsView), and the policy
+// reads (PolicyList); and reads, the calls of every read of accounts and
+// policies (PolicyGet, PoliciesOfGenerations and AccountsView too).
 type countingStore struct {
 	store.Store
 	unknownRows, debtRows, subjectsRead, accountRows, policyLists, reads atomic.Int64
@@ -85,6 +85,14 @@ func (c *countingStore) AccountsWithOwing(ctx context.Context, subjects []ledger
 	rows, owing, err := c.Store.AccountsWithOwing(ctx, subjects)
 	c.accountRows.Add(int64(len(rows)))
 	return rows, owing, err
+}
+
+func (c *countingStore) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (store.AccountsView, error) {
+	c.reads.Add(1)
+	c.subjectsRead.Add(int64(len(subjects)))
+	view, err := c.Store.AccountsView(ctx, subjects)
+	c.accountRows.Add(int64(len(view.Accounts)))
+	return view, err
 }
 
 func (c *countingStore) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {

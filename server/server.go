@@ -41,6 +41,7 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
+	AccountsView(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, store.AccountsView, error)
 	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
@@ -52,6 +53,7 @@ type Ledger interface {
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
 	AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, ledger.AccountKey, bool, error)
+	AccountsInDebtCount(ctx context.Context) (int64, error)
 	Stats() engine.Stats
 	Ready() error
 }
@@ -120,10 +122,11 @@ type Config struct {
 	// without it those reads answer UNIMPLEMENTED and the audit status is
 	// this replica's memory.
 	Console store.ConsoleStore
-	// StoreTimeout bounds how long one unary call (Audit excepted) waits
-	// for the store: its reads, its wait for a commit, the reads that
-	// build its answer (storecap.go); default DefaultStoreTimeout. A call
-	// it ends answers 503 unavailable.
+	// StoreTimeout bounds how long one unary call waits for the store:
+	// its reads, its wait for a commit, the reads that build its answer
+	// (storecap.go); for the long ones (Audit, StreamAudit, drain passes,
+	// the scans of every account), each of their reads. Default
+	// DefaultStoreTimeout. A call it ends answers 503 unavailable.
 	StoreTimeout time.Duration
 }
 
@@ -209,6 +212,7 @@ func New(l Ledger, cfg Config) *Server {
 	s.metrics.registerLeader(l)
 	s.metrics.registerMaintenance(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
+	s.metrics.registerDebtCount(l, s.log, cfg.Clock)
 	s.metrics.registerSubjectIndex(cfg.Console)
 	if cfg.Resolver != nil {
 		s.metrics.registerResolver(cfg.Resolver)

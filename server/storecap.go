@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -37,14 +38,16 @@ func (e storeTimedOut) Error() string {
 }
 
 // uncappedProcedures are the unary calls whose work may take longer than
-// the store timeout on a large ledger. A full audit reads the whole
-// journal, and DrainProgress may run drain passes (runDrains): they run
-// as long as their work takes, up to the caller's deadline. The console's
-// ranking, its fairness page and DrainProgress scan every account
-// (seconds to tens of seconds at a million, docs/OPERATIONS.md, On
-// call): their scans end when the store has not answered a page for the
-// store timeout (scanBound), and the handlers cap their other reads
-// themselves (capStore with an empty procedure).
+// the store timeout on a large ledger, so that they are capped per read
+// instead (scanBound): a full audit reads the whole journal (its reads
+// end when the store has not answered one for the store timeout, its own
+// work between them uncounted), DrainProgress may run drain passes
+// (runDrains: a page at a time, each commit bounded by the engine's batch
+// timeout), and the console's ranking, its fairness page and
+// DrainProgress scan every account (seconds to tens of seconds at a
+// million, docs/OPERATIONS.md, On call): their scans end when the store
+// has not answered a page for the store timeout, and the handlers cap
+// their other reads themselves (capStore with an empty procedure).
 var uncappedProcedures = map[string]bool{
 	capledgerv1connect.LedgerServiceAuditProcedure:                 true,
 	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
@@ -127,19 +130,48 @@ func (c storeCap) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 	return next
 }
 
-// scanBound returns ctx for a scan of many pages, ended (its cause
-// storeTimedOut) once limit passes without a page read: each page the
-// scan reads (store.Progressed) gives it limit again. The scan may take
-// as long as it needs while the store answers, and ends within limit of
-// the store's last answer when it hangs. The CancelFunc releases it.
+// scanBound returns ctx for a reader of many pages or rows, ended (its
+// cause storeTimedOut) once it has waited limit for one answer of its
+// store. A wait begins when the bound does, at each page the reader read
+// (store.Progressed: it asks for the next at once) and whenever it asks
+// again (store.Waits with true), and ends when the store answered
+// (store.Waits with false: the reader's own work on an answer, an
+// audit's checks or its pacing, is not the store's wait). The reader may
+// take as long as it needs while its store answers, and ends within
+// limit (and a tick, limit/8) of the store's last answer when it hangs.
+// The CancelFunc releases it.
 func scanBound(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	timer := time.AfterFunc(limit, func() { cancel(storeTimedOut{limit}) })
-	ctx = store.WithProgress(ctx, func() { timer.Reset(limit) })
-	return ctx, func() {
-		timer.Stop()
-		cancel(context.Canceled)
-	}
+	bounded, cancel := context.WithCancelCause(ctx)
+	start := time.Now()
+	since := func() int64 { return int64(time.Since(start)) + 1 }
+	// asked is when the current wait began (since), 0 while the reader
+	// works on an answer.
+	var asked atomic.Int64
+	asked.Store(since())
+	go func() { // ends with bounded (the CancelFunc ends it)
+		tick := time.NewTicker(max(limit/8, time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-bounded.Done():
+				return
+			case <-tick.C:
+				if at := asked.Load(); at != 0 && since()-at >= int64(limit) {
+					cancel(storeTimedOut{limit})
+					return
+				}
+			}
+		}
+	}()
+	out := store.WithProgress(bounded, func() { asked.Store(since()) })
+	out = store.WithWaits(out, func(asking bool) {
+		if asking {
+			asked.Store(since())
+		} else {
+			asked.Store(0)
+		}
+	})
+	return out, func() { cancel(context.Canceled) }
 }
 
 // scanTimedOut returns the answer of a scan that scanBound ended (its

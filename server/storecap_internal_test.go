@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +60,36 @@ func TestSharedScanIsBoundedByItsPagesNotItsLength(t *testing.T) {
 	}
 	if reason != ReasonStoreUnavailable {
 		t.Fatalf("a scan whose store stopped answering: reason %q, want %s", reason, ReasonStoreUnavailable)
+	}
+}
+
+// TestAuditWorkBetweenReadsIsNotTheStoresWait: scanBound, which bounds
+// Audit, StreamAudit and drain passes, counts only the time a reader
+// waits for its store (store.Waits true until false): a reader that
+// works longer than the limit on each answer is not ended (an audit's
+// checks and pacing on a large ledger), and one whose store leaves a
+// read unanswered for the limit is, with the store timeout as cause.
+func TestAuditWorkBetweenReadsIsNotTheStoresWait(t *testing.T) {
+	const limit = 500 * time.Millisecond
+	ctx, cancel := scanBound(context.Background(), limit)
+	defer cancel()
+	waiting := store.Waits(ctx)
+	for range 3 {
+		waiting(true) // a read the store answers at once
+		waiting(false)
+		time.Sleep(2 * limit) // the reader's own work on the answer
+		if ctx.Err() != nil {
+			t.Fatalf("a reader working %v on an answer was ended: %v", 2*limit, context.Cause(ctx))
+		}
+	}
+	waiting(true) // a read the store never answers
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("a read left unanswered for a minute did not end the reader")
+	}
+	var timedOut storeTimedOut
+	if !errors.As(context.Cause(ctx), &timedOut) {
+		t.Fatalf("a read left unanswered ended the reader with %v, want the store timeout", context.Cause(ctx))
 	}
 }

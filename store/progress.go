@@ -20,3 +20,26 @@ func Progressed(ctx context.Context) {
 		progressed()
 	}
 }
+
+type waitsKey struct{}
+
+// WithWaits returns ctx carrying waiting, which a long reader that
+// alternates between asking its store for rows and working on them (an
+// audit) calls with true when it asks the store (for the next row, page
+// or read) and with false once the store answered and it works on the
+// answer (Waits), so that its caller can bound each wait for the store
+// and not the reader's own work between them: the server ends an audit
+// when its store has not answered one read for its store timeout
+// (server/storecap.go).
+func WithWaits(ctx context.Context, waiting func(asking bool)) context.Context {
+	return context.WithValue(ctx, waitsKey{}, waiting)
+}
+
+// Waits returns ctx's waiting function (WithWaits), or one that does
+// nothing when ctx carries none.
+func Waits(ctx context.Context) func(asking bool) {
+	if waiting, ok := ctx.Value(waitsKey{}).(func(bool)); ok {
+		return waiting
+	}
+	return func(bool) {}
+}

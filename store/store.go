@@ -81,10 +81,21 @@ type Store interface {
 	// debt from one generation's account to another's, its pointer with
 	// them, or one that joins it to its owing set, is in both or in
 	// neither. In the owing map a subject with neither pointer nor rows
-	// is absent; a key with an empty Subject names none. A view reads
-	// this for the subjects that owe only (their owing rows are a seek
-	// per subject more); the others' accounts say they are not frozen.
+	// is absent; a key with an empty Subject names none. The engine's
+	// views read AccountsView instead, which reads these with the heads
+	// and policies in the same snapshot.
 	AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]SubjectOwing, error)
+	// AccountsView returns what a view shows of subjects' accounts
+	// (AccountsView: their accounts, the owing rows of those that owe,
+	// the generation deciding for each and the policies of those
+	// generations and the accounts'), all from one snapshot of the
+	// committed rows, as AccountsWithOwing reads its two (SQLite: one
+	// read transaction; PostgreSQL: one REPEATABLE READ, read-only
+	// transaction; the in-memory store: one hold of its lock), through
+	// ReadAccountsView. A read view reads this, not the heads and
+	// policies on their own: a publish or rollback committed between two
+	// reads made a view of numbers that never stood together.
+	AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (AccountsView, error)
 	// AccountsPage returns up to f.Limit accounts that f's subject, route
 	// and region select, in key order (subject, route, region,
 	// generation; text compared as in AccountList's order of every
@@ -192,6 +203,12 @@ type Store interface {
 	// triggers on the term rows, schema 12), SQLite a table of the
 	// debtors' keys (its balances are encoded), the in-memory store a set.
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
+	// AccountsInDebtCount counts the accounts AccountsInDebt pages
+	// through (those whose stored row owes), from the same index, in one
+	// read: its cost grows with the debtors, not with the other accounts.
+	// Stored rows refill lazily, so a row refill has repaid since its
+	// last command still counts until its next.
+	AccountsInDebtCount(ctx context.Context) (int64, error)
 
 	// Snapshot reads every row for an audit, in one consistent read
 	// (Retained included; tombstones are not rows an audit needs), the

@@ -56,8 +56,11 @@ release or page an operator. Needs an admin token.
 The audit streams (AuditService.StreamAudit): the server reads a page at
 a time and sends its progress about every second (later beside heavy
 traffic); --timeout is how long to wait for the next message, not for
-the whole audit: keep it at 5s or more (the default 10s). A server without
-the stream is asked with LedgerService.Audit instead (full audit only).
+the whole audit: keep it at 5s or more (the default 10s). The server ends
+the audit, unavailable (exit 5), once its store has left one of the
+audit's reads unanswered for its serve --store-timeout, whatever
+--timeout. A server without the stream is asked with LedgerService.Audit
+instead (full audit only).
 
 Without a server (a backup before restoring it, a data directory whose
 serve will not start, PostgreSQL with every replica down), --data-dir or

@@ -231,3 +231,143 @@ func postgresBehindProxy(t *testing.T) (string, *faultproxy.Proxy) {
 	u.Host = proxy.Addr()
 	return u.String(), proxy
 }
+
+// TestAuditAndDrainsAnswerWithinStoreTimeoutWhileTheStoreHangs:
+// docs/API.md (Errors) and docs/OPERATIONS.md (A hung PostgreSQL)
+// promise that an audit, unary (Audit) or streamed (`capledger audit`,
+// StreamAudit), and a DrainProgress that runs drain passes (runDrains),
+// take as long as their work needs while the store answers, but end with
+// 503 unavailable / STORE_UNAVAILABLE once their PostgreSQL has not
+// answered one read for serve --store-timeout (a slow store that answers
+// each read in time does not end them): the audit saying nothing
+// was changed, the drains how many moves were applied and that the rest
+// was not; and that they succeed once the store answers again. They
+// waited for the caller's deadline, and `capledger audit` (a stream
+// whose heartbeats keep its --timeout from running out) forever.
+func TestAuditAndDrainsAnswerWithinStoreTimeoutWhileTheStoreHangs(t *testing.T) {
+	dsn, proxy := postgresBehindProxy(t)
+	const storeTimeout = 2 * time.Second
+	bin := buildBinary(t)
+	srv := startServer(t, bin, t.TempDir(), "--store", dsn, "--store-timeout", storeTimeout.String())
+	policy := `{"policy":{"subject":"*","route":"chat","holdTtl":"3600s","dimensions":[{"unit":"tokens","burst":"%d"}]}}`
+	mustPost(t, srv.url, "PublishPolicy", fmt.Sprintf(policy, 1000))
+	mustPost(t, srv.url, "Reserve", `{"reservationId":"audit-pre","subject":"t","route":"chat","units":{"tokens":10}}`)
+	// A second generation: the first one's account has capacity to drain.
+	mustPost(t, srv.url, "PublishPolicy", fmt.Sprintf(policy, 2000))
+
+	httpAnswer := func(method, body string) string {
+		code, out := post(&http.Client{}, srv.url, method, body)
+		reason := ""
+		if details, _ := out["details"].([]any); len(details) > 0 {
+			detail, _ := details[0].(map[string]any)
+			debug, _ := detail["debug"].(map[string]any)
+			reason, _ = debug["reason"].(string)
+		}
+		return fmt.Sprintf("%d %v %s | %v", code, out["code"], reason, out["message"])
+	}
+	// cliAudit runs `capledger audit` with a --timeout longer than the
+	// test (its heartbeats would keep a shorter one from running out)
+	// and returns its exit code and what it printed.
+	cliAudit := func() (int, string) {
+		out, code := runBinary(t, bin, "audit", "--addr", srv.url, "--timeout", "10m")
+		return code, out
+	}
+
+	// A slow store that answers every read: each chunk either way
+	// delayed an eighth of the store timeout, so each read waits well
+	// under it while the audit's dozen or more reads take longer than it.
+	// The audits are capped per read, not as a whole: they succeed.
+	proxy.SetFaults(faultproxy.Faults{Delay: storeTimeout / 8})
+	for name, run := range map[string]func() (int, string){
+		"Audit": func() (int, string) {
+			code, out := post(&http.Client{}, srv.url, "Audit", `{}`)
+			return code, fmt.Sprint(out)
+		},
+		"capledger audit": cliAudit,
+	} {
+		began := time.Now()
+		code, out := run()
+		took := time.Since(began)
+		if (name == "Audit" && code != http.StatusOK) || (name != "Audit" && code != 0) {
+			t.Errorf("%s on a slow store that answers each read: %d %s, want it to succeed (took %v; --store-timeout %v)", name, code, out, took, storeTimeout)
+		} else if took <= storeTimeout {
+			t.Errorf("%s on a slow store took %v, not longer than --store-timeout %v: the delays no longer make this check prove anything", name, took, storeTimeout)
+		}
+		t.Logf("%s on a slow store: %v (--store-timeout %v)", name, took.Round(time.Millisecond), storeTimeout)
+	}
+
+	proxy.SetFaults(faultproxy.Faults{Partition: true})
+	hung := time.Now()
+	var mu sync.Mutex
+	var audit, drains, streamed string
+	var streamedExit int
+	pending := map[string]bool{"Audit": true, "DrainProgress runDrains": true, "capledger audit": true}
+	var wg sync.WaitGroup
+	call := func(name string, f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f()
+			mu.Lock()
+			defer mu.Unlock()
+			delete(pending, name)
+		}()
+	}
+	call("Audit", func() { audit = httpAnswer("Audit", `{}`) })
+	call("DrainProgress runDrains", func() {
+		drains = httpAnswer("RolloutService/DrainProgress", `{"generations":["1"],"runDrains":true}`)
+	})
+	call("capledger audit", func() { streamedExit, streamed = cliAudit() })
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	// No client deadline: the calls end when the server answers. The
+	// guard (five times the store timeout and slack for a loaded
+	// machine) turns one that never ends into a failure.
+	guard := 5*storeTimeout + 20*time.Second
+	select {
+	case <-ended:
+	case <-time.After(guard):
+		mu.Lock()
+		t.Fatalf("%v still waiting %v after the store hung (--store-timeout %v)\n%s", pending, guard, storeTimeout, srv.logs.String())
+	}
+	t.Logf("audit, streamed audit and drains answered %v after the store hung (--store-timeout %v)", time.Since(hung).Round(time.Millisecond), storeTimeout)
+	t.Logf("Audit: %s\nDrainProgress runDrains: %s\ncapledger audit: exit %d, %s", audit, drains, streamedExit, streamed)
+	for name, answer := range map[string]string{"Audit": audit, "DrainProgress runDrains": drains} {
+		if !strings.HasPrefix(answer, "503 unavailable STORE_UNAVAILABLE |") || !strings.Contains(answer, "--store-timeout") {
+			t.Errorf("%s while the store hangs: %s, want 503 unavailable STORE_UNAVAILABLE naming --store-timeout", name, answer)
+		}
+	}
+	if !strings.Contains(audit, "nothing was changed") {
+		t.Errorf("Audit while the store hangs: %s, want \"nothing was changed\"", audit)
+	}
+	if !strings.Contains(drains, "0 drain moves applied") || !strings.Contains(drains, "not applied") {
+		t.Errorf("DrainProgress runDrains while the store hangs: %s, want \"0 drain moves applied\" and \"not applied\"", drains)
+	}
+	if streamedExit != exitUnavailable || !strings.Contains(streamed, "unavailable") || !strings.Contains(streamed, "STORE_UNAVAILABLE") ||
+		!strings.Contains(streamed, "--store-timeout") || !strings.Contains(streamed, "nothing was changed") {
+		t.Errorf("capledger audit while the store hangs: exit %d, %s; want exit %d, unavailable STORE_UNAVAILABLE naming --store-timeout and \"nothing was changed\"",
+			streamedExit, streamed, exitUnavailable)
+	}
+
+	// The store answers again: the same calls succeed.
+	proxy.SetFaults(faultproxy.Faults{})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _ := post(&http.Client{Timeout: 10 * time.Second}, srv.url, "GetReservation", `{"reservationId":"audit-pre"}`)
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetReservation still %d a minute after the store came back:\n%s", code, srv.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if found := mustPost(t, srv.url, "Audit", `{}`)["discrepancies"]; found != nil {
+		t.Errorf("Audit after the store came back: discrepancies %v", found)
+	}
+	if code, out := cliAudit(); code != 0 {
+		t.Errorf("capledger audit after the store came back: exit %d, %s", code, out)
+	}
+	drained := mustPost(t, srv.url, "RolloutService/DrainProgress", `{"generations":["1"],"runDrains":true}`)
+	t.Logf("DrainProgress runDrains after the store came back: %v", drained)
+}

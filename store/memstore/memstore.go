@@ -616,6 +616,15 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.Unknown
 	return b, err
 }
 
+// AccountsInDebtCount counts the debtor set.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (n int64, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		n = int64(len(r.debtors))
+		return nil
+	})
+	return n, err
+}
+
 // AccountsInDebt returns copies of up to f.Limit accounts that owe debt
 // in some balance (OverdraftIssued > OverdraftRepaid, any of the
 // MaxDimensions, as the SQL stores' rows hold them), in key order,
@@ -758,19 +767,7 @@ func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyK
 			}
 		}
 		for k := range named {
-			var o store.SubjectOwing
-			o.Current, o.HasCurrent = r.currents[k]
-			base := ledger.OwingMetaName(k)
-			if v, ok := r.meta[base]; ok {
-				o.Meta = map[string]int64{base: v}
-				for i := range int(max(v, 0)) {
-					name := base + "/" + strconv.Itoa(i)
-					if v, ok := r.meta[name]; ok {
-						o.Meta[name] = v
-					}
-				}
-			}
-			if o.HasCurrent || o.Meta != nil {
+			if o, ok := owingOf(r, k); ok {
 				owing[k] = o
 			}
 		}
@@ -782,4 +779,78 @@ func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyK
 	store.BetweenReads(ctx)
 	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	return accounts, owing, nil
+}
+
+// AccountsView returns the store.AccountsView of subjects
+// (store.ReadAccountsView), read in one hold of the lock. The hook of
+// store.WithBetweenReads runs after it.
+func (s *Store) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (view store.AccountsView, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		view, err = store.ReadAccountsView(ctx, subjects, store.ViewReads{
+			Accounts: func(keys []ledger.PolicyKey) (out []ledger.Account, _ error) {
+				named := make(map[ledger.PolicyKey]bool, len(keys))
+				for _, k := range keys {
+					named[k] = true
+				}
+				for _, a := range r.accounts {
+					if named[a.Key.SubjectKey()] {
+						out = append(out, *a)
+					}
+				}
+				return out, nil
+			},
+			Owing: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+				out := map[ledger.PolicyKey]store.SubjectOwing{}
+				for _, k := range keys {
+					if o, ok := owingOf(r, k); ok {
+						out[k] = o
+					}
+				}
+				return out, nil
+			},
+			Heads: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+				out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(keys))
+				for _, k := range keys {
+					if h, ok := r.heads[k]; ok {
+						out[k] = *h
+					}
+				}
+				return out, nil
+			},
+			Policies: func(generations []uint64) (map[uint64]ledger.Policy, error) {
+				out := make(map[uint64]ledger.Policy, len(generations))
+				for _, g := range generations {
+					if p, ok := r.policies[g]; ok {
+						out[g] = copyPolicy(p)
+					}
+				}
+				return out, nil
+			},
+			Between: func() {}, // under the lock: BetweenReads runs after it
+		})
+		return err
+	})
+	if err != nil {
+		return store.AccountsView{}, err
+	}
+	store.BetweenReads(ctx)
+	return view, nil
+}
+
+// owingOf returns subject's current pointer and owing-set Meta rows in r,
+// false when it has neither.
+func owingOf(r *rows, k ledger.PolicyKey) (store.SubjectOwing, bool) {
+	var o store.SubjectOwing
+	o.Current, o.HasCurrent = r.currents[k]
+	base := ledger.OwingMetaName(k)
+	if v, ok := r.meta[base]; ok {
+		o.Meta = map[string]int64{base: v}
+		for i := range int(max(v, 0)) {
+			name := base + "/" + strconv.Itoa(i)
+			if v, ok := r.meta[name]; ok {
+				o.Meta[name] = v
+			}
+		}
+	}
+	return o, o.HasCurrent || o.Meta != nil
 }

@@ -39,6 +39,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		return s.c.classify("snapshot: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	store.Progressed(ctx)
 	snap, err := s.snapshotRows(ctx, tx, false)
 	if err != nil {
 		return err
@@ -92,6 +93,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), $1) - $1 FROM journal`, after).Scan(&rows); err != nil {
 			return 0, s.c.classify("snapshot: estimate", err, false)
 		}
+		store.Progressed(ctx) // each query answered: a bounded audit waits anew
 		tables := []string{"accounts"}
 		if reservations {
 			tables = append(tables, "reservations")
@@ -106,6 +108,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 				FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid WHERE c.oid = $1::regclass`, table).Scan(&live, &counted, &planned); err != nil {
 				return 0, s.c.classify("snapshot: estimate", err, false)
 			}
+			store.Progressed(ctx)
 			if counted {
 				rows += live
 			} else {
@@ -153,6 +156,9 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	} else if snap.Policies, err = s.policyList(ctx, tx, 0); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	// A query answered: a bounded audit (store.WithProgress) waits anew
+	// for each next one.
+	store.Progressed(ctx)
 	if reservations { // else streamed (streamAccounts)
 		rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
 		if err != nil {
@@ -165,25 +171,32 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
 	}
+	store.Progressed(ctx)
 	if snap.Moves, err = s.moveList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Shards, err = s.shardList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Statements, err = s.statementList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if snap.RetainedShards, err = s.retainedShardsList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	store.Progressed(ctx)
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = $1`, store.MetaForgetsJournaledAfter).
 		Scan(&snap.ForgetsJournaledAfter); err != nil {
 		return nil, s.c.classify("snapshot: meta", err, false)
 	}
+	store.Progressed(ctx)
 	if snap.Checkpoints, err = s.checkpointChain(ctx, tx, reservations); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}

@@ -517,6 +517,11 @@ const policyHeadsSQL = `SELECT h.subject, h.route, h.region, h.active, h.latest
 // a head is absent. One statement, one round trip, however many keys
 // (arrays, not one bind parameter per key).
 func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	return s.headsOf(ctx, s.pool, keys)
+}
+
+// headsOf is PolicyHeads in q (a view's transaction: AccountsView).
+func (s *Store) headsOf(ctx context.Context, q querier, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
 	distinct := slices.Clone(keys)
 	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
 	distinct = slices.Compact(distinct)
@@ -528,7 +533,7 @@ func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[l
 	for i, k := range distinct {
 		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
 	}
-	rows, err := s.pool.Query(ctx, policyHeadsSQL, subj, route, region)
+	rows, err := q.Query(ctx, policyHeadsSQL, subj, route, region)
 	if err != nil {
 		return nil, s.c.classify("policy heads", err, false)
 	}
@@ -787,6 +792,18 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	}
 	b.OldestMarkedAt = conv.Time(oldest)
 	return b, nil
+}
+
+// AccountsInDebtCount counts the accounts flagged in_debt, through the
+// partial index accounts_in_debt (its predicate repeated, so the planner
+// can match it): an index (only) scan of the debtors' entries, whatever
+// the number of other accounts.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE in_debt`).Scan(&n); err != nil {
+		return 0, s.c.classify("accounts in debt count", err, false)
+	}
+	return n, nil
 }
 
 // debtSQL returns AccountsInDebt's query, with the cursor clause when
@@ -1059,6 +1076,54 @@ func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyK
 		return nil, nil, s.c.classify("accounts with owing: end", err, false)
 	}
 	return accounts, owing, nil
+}
+
+// AccountsView returns the store.AccountsView of subjects
+// (store.ReadAccountsView) from one REPEATABLE READ, read-only
+// transaction (one snapshot, taken at its first query): the accounts'
+// query, then the owing rows', the heads' and the policies'.
+func (s *Store) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (store.AccountsView, error) {
+	if !slices.ContainsFunc(subjects, func(k ledger.PolicyKey) bool { return k.Subject != "" }) {
+		return store.ReadAccountsView(ctx, nil, store.ViewReads{})
+	}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return store.AccountsView{}, s.c.classify("accounts view: begin", err, false)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	view, err := store.ReadAccountsView(ctx, subjects, store.ViewReads{
+		Accounts: func(keys []ledger.PolicyKey) ([]ledger.Account, error) {
+			subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+			for i, k := range keys {
+				subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
+			}
+			rows, err := tx.Query(ctx, accountsOfSubjectsSQL, subj, route, region)
+			if err != nil {
+				return nil, s.c.classify("accounts view", err, false)
+			}
+			accounts, _, err := scanAccounts(rows)
+			if err != nil {
+				return nil, s.c.classify("accounts view", err, false)
+			}
+			return accounts, nil
+		},
+		Owing: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+			return s.owingOfKeys(ctx, tx, keys)
+		},
+		Heads: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+			return s.headsOf(ctx, tx, keys)
+		},
+		Policies: func(generations []uint64) (map[uint64]ledger.Policy, error) {
+			return s.policiesOf(ctx, tx, generations)
+		},
+	})
+	if err != nil {
+		return store.AccountsView{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return store.AccountsView{}, s.c.classify("accounts view: end", err, false)
+	}
+	return view, nil
 }
 
 // owingOfKeys reads the current pointers and owing-set Meta rows of keys

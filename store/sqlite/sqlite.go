@@ -848,6 +848,13 @@ func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
+	return policiesByGenerations(ctx, pooled(&s.r.policiesOf), generations)
+}
+
+// policiesByGenerations reads the policies of the distinct generations of
+// generations by generation, up to 128 a statement of stmt (policiesOfSQL
+// of each size of subjectChunkSizes); one that does not exist is absent.
+func policiesByGenerations(ctx context.Context, stmt func(size int) queryer, generations []uint64) (map[uint64]ledger.Policy, error) {
 	distinct := slices.DeleteFunc(slices.Clone(generations), func(g uint64) bool { return g > math.MaxInt64 })
 	slices.Sort(distinct)
 	distinct = slices.Compact(distinct)
@@ -865,7 +872,7 @@ func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64)
 		for len(args) < cap(args) {
 			args = append(args, nil)
 		}
-		found, err := queryAll(ctx, s.r.policiesOf[size], scanPolicy, "policies of generations", args...)
+		found, err := queryAll(ctx, stmt(size), scanPolicy, "policies of generations", args...)
 		if err != nil {
 			return nil, err
 		}
@@ -889,7 +896,14 @@ func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (_ map
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	found, err := queryByKeys(ctx, pooled(&s.r.headsOf), scanHead, "policy heads", keys)
+	return headsByKeys(ctx, pooled(&s.r.headsOf), keys)
+}
+
+// headsByKeys reads the heads of the distinct keys of keys by key, up to
+// 128 a statement of stmt (headsOfSQL of each size of subjectChunkSizes);
+// a key without a head is absent.
+func headsByKeys(ctx context.Context, stmt func(size int) queryer, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	found, err := queryByKeys(ctx, stmt, scanHead, "policy heads", keys)
 	if err != nil {
 		return nil, err
 	}
@@ -1088,6 +1102,15 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 		return b, c.Err()
 	}
 	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")
+}
+
+// AccountsInDebtCount counts the keys of account_debtors (the accounts
+// whose row owes), reading that table's key only.
+func (s *Store) AccountsInDebtCount(ctx context.Context) (int64, error) {
+	return queryOne(ctx, s, s.r.debtorCount, func(sc scanner) (n int64, err error) {
+		err = sc.Scan(&n)
+		return n, err
+	}, "accounts in debt count")
 }
 
 // AccountsInDebt returns up to f.Limit accounts that owe debt in some
@@ -1331,6 +1354,37 @@ func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyK
 	}
 	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	return accounts, owing, nil
+}
+
+// AccountsView returns the store.AccountsView of subjects
+// (store.ReadAccountsView) from one read transaction on the read pool
+// (one WAL snapshot): the accounts' statements, then the owing rows',
+// the heads' and the policies' (up to 128 keys or generations a
+// statement, each kind prepared once).
+func (s *Store) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (view store.AccountsView, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return store.AccountsView{}, errClosed
+	}
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		return store.AccountsView{}, fmt.Errorf("accounts view: %w", translate(ctx, err))
+	}
+	defer tx.Rollback()
+	return store.ReadAccountsView(ctx, subjects, store.ViewReads{
+		Accounts: func(keys []ledger.PolicyKey) ([]ledger.Account, error) {
+			return queryByKeys(ctx, inReadTx(ctx, tx, &s.r.accountsOfSubjects), scanAccount, "accounts view", keys)
+		},
+		Owing: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
+			return owingByKeys(ctx, inReadTx(ctx, tx, &s.r.owingOf), keys)
+		},
+		Heads: func(keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+			return headsByKeys(ctx, inReadTx(ctx, tx, &s.r.headsOf), keys)
+		},
+		Policies: func(generations []uint64) (map[uint64]ledger.Policy, error) {
+			return policiesByGenerations(ctx, inReadTx(ctx, tx, &s.r.policiesOf), generations)
+		},
+	})
 }
 
 // owingByKeys reads the current pointers and owing-set Meta rows of keys

@@ -219,7 +219,9 @@ type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, head, policies, policiesAfter, policyPage, meta, shard, shards, due *sql.Stmt
 	unknownFirst, unknownAfter, unknownBacklog                                                                                 *sql.Stmt
 	debtFirst, debtAfter                                                                                                       *sql.Stmt
-	pageFirst, pageAfter                                                                                                       *sql.Stmt
+	// debtorCount counts account_debtors (AccountsInDebtCount).
+	debtorCount          *sql.Stmt
+	pageFirst, pageAfter *sql.Stmt
 	// pageOfSubject is AccountsPage's read with a subject.
 	pageOfSubject *sql.Stmt
 	// pageOfRoute and pageOfRoutePast are its reads of a route's
@@ -269,6 +271,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.unknownFirst = prep(unknownFirstSQL)
 	r.unknownAfter = prep(unknownAfterSQL)
 	r.unknownBacklog = prep(unknownBacklogSQL)
+	r.debtorCount = prep("SELECT count(*) FROM account_debtors")
 	r.debtFirst = prep(debtFirstSQL)
 	r.debtAfter = prep(debtAfterSQL)
 	r.pageFirst = prep(pageFirstSQL)
@@ -295,7 +298,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.meta, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject, r.pageOfRoute, r.pageOfRoutePast,
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtorCount, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject, r.pageOfRoute, r.pageOfRoutePast,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)

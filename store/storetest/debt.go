@@ -552,3 +552,75 @@ func checkPages(t *testing.T, s store.Store, filter store.AccountFilter, every [
 		same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
 	}
 }
+
+// AccountsInDebtCount counts what AccountsInDebt pages through: the
+// accounts whose row owes in any balance (past Dims too), not those
+// repaid, none uncommitted; a write that repays one, or puts another in
+// debt, moves the count with it.
+func testAccountsInDebtCount(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	count := func(what string, want int) {
+		t.Helper()
+		n, err := s.AccountsInDebtCount(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != int64(want) || len(listed) != want {
+			t.Errorf("%s: counted %d, %d listed; want %d", what, n, len(listed), want)
+		}
+	}
+	count("empty store", 0)
+	accounts, inDebt := debtAccounts()
+	Commit(t, s, &store.Changes{Accounts: accounts})
+	count("the debt fixture", len(inDebt))
+
+	repaid := accounts[0] // t70/chat@eu#10 owes 30
+	repaid.Balances[0] = ledger.Balance{Opening: 100, Minted: 30, OverdraftIssued: 30, Spent: 130, OverdraftRepaid: 30}
+	repaid.Version++
+	owes := accounts[2] // t/chat@eu#1 owed nothing
+	owes.Balances[0] = owing(5, 0)
+	owes.Version++
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{owes}}); err != nil {
+		t.Fatal(err)
+	}
+	count("a debtor written, not committed", len(inDebt))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{repaid}})
+	count("one repaid", len(inDebt)-1)
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{owes}})
+	count("another in debt", len(inDebt))
+}
+
+// FillDebtors commits n accounts under generation 1 of n subjects on
+// route "chat", every n/debtors-th of them owing debt (debtors in all),
+// in transactions of 5,000: the fixture of the benchmarks of
+// AccountsInDebtCount (200,000 accounts, 50,000 debtors).
+func FillDebtors(tb testing.TB, s store.Store, n, debtors int) {
+	tb.Helper()
+	every := n / debtors
+	var batch []ledger.Account
+	for i := range n {
+		a := ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%07d", i), Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: at(0), Version: 1}
+		a.Balances[0] = noDebt()
+		if i%every == 0 {
+			a.Balances[0] = owing(30, 0)
+		}
+		a.RefilledTo[0] = at(0).UnixNano()
+		batch = append(batch, a)
+		if len(batch) == 5000 || i == n-1 {
+			Commit(tb, s, &store.Changes{Accounts: batch})
+			batch = nil
+		}
+	}
+}
