@@ -86,12 +86,9 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *P
 	} else {
 		account = openAccount(b, key, p, previousPolicy, now)
 	}
-	// The account refills from now on: while another generation held the
-	// subject's capacity it minted nothing, and that other account refilled
-	// for the time instead.
-	for i := range p.Dimensions {
-		account.RefilledTo[i] = now.UnixNano()
-	}
+	// While another generation held the subject's capacity this account
+	// minted nothing, and that other account refilled for the time.
+	refillFromNow(account, now)
 	if previous != nil {
 		carryHeld(previous, previousPolicy, account, p)
 		b.AccountPut(previous)
@@ -165,9 +162,7 @@ func decidingAccount(b Book, subject PolicyKey, p, current *Policy, now time.Tim
 		return a
 	}
 	a := openAccount(b, key, p, current, now)
-	for i := range p.Dimensions {
-		a.RefilledTo[i] = now.UnixNano()
-	}
+	refillFromNow(a, now)
 	b.AccountPut(a)
 	return a
 }
@@ -201,7 +196,7 @@ func owesDropped(a *Account, ap, p *Policy) bool {
 // The invariant: the subject's capacity in a unit p limits is refilled in
 // one place, here, by the current account, and never beyond its burst
 // counting what p's account (when it is not a) holds in that unit,
-// available (heldByDeciding) and reserved (a counts it with every hold
+// available (decidingShare) and reserved (a counts it with every hold
 // of the subject's other accounts, Account.HeldElsewhere). When a became
 // current, p's account moved its available capacity to a (makeCurrent),
 // but it keeps its reservations,
@@ -233,21 +228,26 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 			skip = limitedBy(a, ap, p)
 		}
 	}
-	held := heldByDeciding(b, a, ap, p)
+	held := decidingShare(b, a, ap, p)
 	if before, minted := refillUpTo(a, ap, now, repayOnly, skip, &held); minted {
 		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
 
-// heldByDeciding returns, per dimension of a (under its policy ap), what
+// decidingShare returns, per dimension of a (under its policy ap), what
 // the account of p, the deciding generation, holds available in the same
 // unit when a is not that account: the subject's capacity a must leave
-// room for under its burst, whatever brings capacity into a while it is
-// current (its refill, bringOwingToNow; a shard's remint, remintShard).
-// What that account holds reserved a counts already, as every hold of
-// the subject's other accounts (Account.HeldElsewhere). Zero where p does
-// not limit the unit or its account does not exist yet.
-func heldByDeciding(b Book, a *Account, ap, p *Policy) Amounts {
+// room for under its burst. It is the one rule for that room, whatever
+// brings capacity into a while a is the owing current account: its refill
+// (bringOwingToNow) and a shard's remint (remintTarget, remintShard).
+// Debt p's account owes there gives a no room beyond its burst: the
+// audit holds every account within its own burst (above_burst), so a
+// request needing that debt and itself beyond the burst waits for the
+// switch (ROLLOUT.md, Limitations). What p's account holds reserved a
+// counts already, as every hold of the subject's other accounts
+// (Account.HeldElsewhere). Zero where p does not limit the unit or its
+// account does not exist yet.
+func decidingShare(b Book, a *Account, ap, p *Policy) Amounts {
 	available, _ := decidingHolds(b, a, ap, p)
 	return available
 }
@@ -290,9 +290,7 @@ func decidingHolds(b Book, a *Account, ap, p *Policy) (available, reserved Amoun
 // again opens it at 0.
 func makeCurrent(b Book, a *Account, now time.Time) {
 	subject := a.Key.SubjectKey()
-	for i := 0; i < a.Dims; i++ {
-		a.RefilledTo[i] = now.UnixNano()
-	}
+	refillFromNow(a, now)
 	b.AccountPut(a)
 	if g, ok := b.AccountCurrent(subject); ok && g != a.Key.Generation {
 		key := a.Key
@@ -695,11 +693,47 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	}
 }
 
+// refillFromNow makes a refill from now on in every dimension: the one
+// rule for an account that starts or restarts refilling (opened, made
+// current by a switch or by makeCurrent, joining a frozen subject's owing
+// set, or opened to decide while the subject is frozen). Until now it
+// held none of the subject's capacity, or another account refilled that
+// capacity for the time (or nothing did: a rolled-back generation mints
+// none), so minting for the time before would mint the subject's
+// capacity twice. See startRefillAt for a cursor already past now.
+func refillFromNow(a *Account, now time.Time) {
+	nowNanos := now.UnixNano()
+	for i := 0; i < a.Dims; i++ {
+		startRefillAt(a, i, nowNanos)
+	}
+}
+
+// startRefillAt moves a's refill cursor in dimension i to nowNanos, never
+// back: a cursor past now means the clock stepped back after this account
+// refilled up to it, and the time up to the cursor was minted already
+// (refillUpTo mints nothing until the clock passes it again), so setting
+// it back to now would mint the same seconds twice.
+func startRefillAt(a *Account, i int, nowNanos int64) {
+	a.RefilledTo[i] = max(a.RefilledTo[i], nowNanos)
+}
+
 // refillDue mints into a's balances the refill due since its cursors
 // under p and moves the cursors, writing nothing to the book; it returns
 // the balances before and whether anything was minted.
 func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
 	return refillUpTo(a, p, now, 0, 0, nil)
+}
+
+// burstRoom is the one rule for how much available capacity may come
+// into bal (under d) by refill or by a shard's remint, so both keep the
+// subject within one bucket alike: d's burst less what bal holds
+// (available and reserved), what the subject's other accounts hold
+// reserved (heldElsewhere, Account.HeldElsewhere) and share, the deciding
+// account's share when bal is an owing current account's (decidingShare,
+// negative while that account owes more than it holds; 0 otherwise).
+// Never negative.
+func burstRoom(d *Dimension, bal *Balance, heldElsewhere, share Units) Units {
+	return max(d.Burst-bal.Available-bal.Reserved-heldElsewhere-share, 0)
 }
 
 // refillUpTo is refillDue, except that in a dimension whose bit is set in
@@ -715,7 +749,7 @@ func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, hel
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
 		if skip&(1<<i) != 0 {
-			a.RefilledTo[i] = max(a.RefilledTo[i], nowNanos)
+			startRefillAt(a, i, nowNanos)
 			continue
 		}
 		if !d.Refills() {
@@ -729,11 +763,12 @@ func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly, skip uint8, hel
 		intervals := elapsed / interval
 		a.RefilledTo[i] += intervals * interval
 		bal := &a.Balances[i]
-		room := d.Burst - bal.Available - bal.Reserved - a.HeldElsewhere[i]
+		var share Units
 		if held != nil {
-			room -= held[i]
+			share = held[i]
 		}
-		if room < 0 || repayOnly&(1<<i) != 0 {
+		room := burstRoom(d, bal, a.HeldElsewhere[i], share)
+		if repayOnly&(1<<i) != 0 {
 			room = 0
 		}
 		limit := bal.Debt() + room

@@ -139,9 +139,7 @@ func markOwing(b Book, a *Account, now time.Time) {
 			// Its refill repays from now: it did not refill while it
 			// was not current, and debt made now is not repaid by the
 			// time before.
-			for i := 0; i < a.Dims; i++ {
-				a.RefilledTo[i] = now.UnixNano()
-			}
+			refillFromNow(a, now)
 			b.AccountPut(a)
 		}
 	}
@@ -284,9 +282,7 @@ func settleOwingMoving(b Book, subject PolicyKey, current uint64, p *Policy, now
 				// on it (heldAtSwitch).
 				rollEpoch(b, m, p, now)
 				if pJoins {
-					for i := 0; i < m.Dims; i++ {
-						m.RefilledTo[i] = max(m.RefilledTo[i], now.UnixNano())
-					}
+					refillFromNow(m, now)
 				}
 				held := heldAtSwitch(b, key, current, currentPolicy, m, p)
 				// The current account refilled the skipped units up

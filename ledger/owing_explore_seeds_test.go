@@ -14,9 +14,13 @@ import "testing"
 // too). TestOwingTurns* hold the cut-down cases. 17515 and 21011 put the
 // frozen current account above its burst (the audit's above_burst) when
 // its refill made room for the deciding account's debt; that change was
-// reverted.
+// reverted. 2675 and 2688 took a remint's available negative when one
+// burst room rule (burstRoom) was first applied to it as units less room:
+// the remint repaid the account's debt first (a record beside a full
+// hold, then a legacy budget reconciled unused), so it added less to
+// available than it minted.
 func TestOwingExploreSeeds(t *testing.T) {
-	for _, seed := range []int{4152, 7401, 7515, 10163, 10262, 10266, 10267, 10283, 17515, 21011} {
+	for _, seed := range []int{2675, 2688, 4152, 7401, 7515, 10163, 10262, 10266, 10267, 10283, 17515, 21011} {
 		if msg, _ := exploreSeed(seed, false); msg != "" {
 			t.Errorf("seed %d: %s", seed, msg)
 		}

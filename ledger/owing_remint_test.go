@@ -24,7 +24,7 @@ import (
 // tokens (1,400 reserved on a 1,000 burst). Without the late debt the
 // remint goes to g1, where the 490 overflow and are retired; with it they
 // overflow at g0 the same way, counting what g1's account holds
-// (heldByDeciding). Found by the third review of the owing set.
+// (decidingShare). Found by the third review of the owing set.
 func TestOwingShardRemintWhileFrozenLeavesRoomForTheDecidingAccount(t *testing.T) {
 	c := newChecked(t)
 	g0 := c.publish(droppedShardPolicy(tokens(1000, 100), imagesDim))
@@ -50,5 +50,45 @@ func TestOwingShardRemintWhileFrozenLeavesRoomForTheDecidingAccount(t *testing.T
 	if res := c.reserve("more", 400); res.Err == nil {
 		t.Fatalf("reserved 400 tokens on %s with generation %d's whole burst reserved and no time passed (generation %d tokens %+v after the remint into it while generation %d held the burst)",
 			res.Reservation.Account, g1, g0, c.account(g0).Balances[0], g1)
+	}
+}
+
+// A remint into the owing current account and that account's refill
+// leave the same room for the deciding account (decidingShare, burstRoom):
+// what it holds available, not what it owes. g0 (tokens, images) owes
+// images and is current, g1 holding 300 tokens reserved; a record while
+// frozen leaves 400 tokens owed on g1's account (it alone limits videos).
+// In 3 s g0 refills up to its burst less g1's 300 held; the shard's 490
+// unused tokens then find no room and are retired (recorded), so g0 holds
+// 700: room for g1's debt too would put g0 at 980 beside 300 held
+// elsewhere, above its burst of 1,000, which the audit reports
+// (above_burst, the overspend alarm).
+func TestOwingShardRemintLeavesNoRoomForTheDecidingAccountsDebt(t *testing.T) {
+	videos := ledger.Dimension{Unit: "videos", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}
+	c := newChecked(t)
+	g0 := c.publish(droppedShardPolicy(tokens(1000, 100), imagesDim))
+	c.must(c.reserve("a", 10, 1))
+	c.must(c.start("a"))
+	g1 := c.publish(droppedShardPolicy(tokens(1000, 100), videos))
+	c.must(c.reserve("c", 300)) // switches to g1
+	issueUnits(c, "sh", 500)
+	c.must(c.settle("a", 10, 7)) // late: g0 owes 5 images and is made current
+	if !isCurrentGen(c, g0) {
+		t.Fatalf("generation %d owing images is not current", g0)
+	}
+	c.must(c.record("r", 400, 1)) // videos: charged to g1, which owes 400 tokens
+	if debt := c.account(g1).Balances[0].Debt(); debt != 400 {
+		t.Fatalf("generation %d owes %d tokens after the record, want 400", g1, debt)
+	}
+	c.advance(3 * time.Second) // g0 refills 300 tokens; 2 images still owed
+	retired := c.account(g0).Balances[0].RetiredForMove
+	c.must(c.apply(reconcileCmd("sh", "gw-a", []ledger.ShardReceipt{{ReservationID: "x", State: ledger.StateSettled,
+		Reserved: ledger.Amounts{10}, Actual: ledger.Amounts{10}}})))
+	if !isCurrentGen(c, g0) {
+		t.Fatalf("generation %d is not current at the remint", g0)
+	}
+	tk := c.account(g0).Balances[0]
+	if tk.Available != 700 || tk.Available+tk.Reserved+c.account(g0).HeldElsewhere[0] != 1000 || tk.RetiredForMove <= retired {
+		t.Fatalf("generation %d's tokens after refill and remint: %+v, %d held elsewhere; want 700 available (its burst less generation %d's 300 held), the rest of the remint retired", g0, tk, c.account(g0).HeldElsewhere[0], g1)
 	}
 }

@@ -152,7 +152,7 @@ func TestOwingReview4RetryAfterIgnoresReaddedUnitOpeningEmpty(t *testing.T) {
 // g0's late settle leaves it owing 3 requests and markOwing makes it
 // current, leaving g1's 980 available + 10 reserved tokens where they
 // are. g3 (tokens only; new terms) is published and has no account yet,
-// so heldByDeciding counts nothing (it looks only at g3's account, not
+// so decidingShare counts nothing (it looks only at g3's account, not
 // at g1, which still holds the subject's tokens): over 3 s g0 refills
 // 300 tokens as if the subject had none, and the switch at 3 s moves
 // them to g3. The subject now holds 300 tokens on g3 beside g1's 990.

@@ -730,10 +730,11 @@ type remintDest struct {
 	to                   *Account
 	toPolicy, fromPolicy *Policy
 	from                 *Account
-	// held is, per dimension of to, what the deciding generation's
-	// account holds available in the unit when to is another account (a
-	// frozen subject's owing current one): the remint leaves room for it
-	// under the burst (heldByDeciding), as for to's holds elsewhere.
+	// held is, per dimension of to, the subject's capacity the deciding
+	// generation's account holds in the unit when to is another account
+	// (a frozen subject's owing current one), available less debt: the
+	// remint leaves room for it under the burst as to's refill does
+	// (decidingShare), beside to's holds elsewhere.
 	held Amounts
 }
 
@@ -775,7 +776,7 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 			// leaving room for what p's account holds.
 			tick(b, a, ap, now)
 			b.AccountPut(a) // a refusal below keeps the refill, as a rejected reserve does
-			to, toPolicy, held = a, ap, heldByDeciding(b, a, ap, p)
+			to, toPolicy, held = a, ap, decidingShare(b, a, ap, p)
 		}
 	}
 	if to == nil {
@@ -882,16 +883,18 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 			move.Debt[i] = debt[i]
 		}
 		if units[i] > 0 {
+			room := burstRoom(&toPolicy.Dimensions[j], dst, to.HeldElsewhere[j], dest.held[j])
 			availableBefore := dst.Available
-			mint(dst, units[i])
+			mint(dst, units[i]) // repays dst's debt first
 			move.Units[i] = units[i]
 			// The bucket was refilled around the shard while it was out:
-			// what the remint lifts past the burst (counting what the
-			// deciding account holds when dst is another's) overflows,
+			// what the remint lifts past the burst (counting the
+			// deciding account's share, available less debt, when dst
+			// is another's: decidingShare) overflows,
 			// as refill tokens do, and is retired at once (recorded, not
 			// dropped). Capacity that was there before the remint is
 			// not touched.
-			if over := min(dst.Available+dst.Reserved+to.HeldElsewhere[j]+dest.held[j]-toPolicy.Dimensions[j].Burst, dst.Available-availableBefore); over > 0 {
+			if over := dst.Available - availableBefore - room; over > 0 {
 				dst.Available -= over
 				dst.RetiredForMove += over
 			}
