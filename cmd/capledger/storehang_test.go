@@ -166,17 +166,7 @@ func TestServeAnswersWithinStoreTimeoutWhileItsStoreHangs(t *testing.T) {
 	// retried with its ids is applied once.
 	proxy.SetFaults(faultproxy.Faults{})
 	back := time.Now()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		code, _ := post(&http.Client{Timeout: 10 * time.Second}, srv.url, "GetReservation", `{"reservationId":"hang-pre"}`)
-		if code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GetReservation still %d a minute after the store came back:\n%s", code, srv.logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	awaitStoreBack(t, srv, "hang-pre")
 	t.Logf("serving again %v after the store came back", time.Since(back).Round(time.Millisecond))
 	for range 2 { // the retry, and a retry of the retry (a replay)
 		for _, c := range writes {
@@ -351,17 +341,7 @@ func TestAuditAndDrainsAnswerWithinStoreTimeoutWhileTheStoreHangs(t *testing.T) 
 
 	// The store answers again: the same calls succeed.
 	proxy.SetFaults(faultproxy.Faults{})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		code, _ := post(&http.Client{Timeout: 10 * time.Second}, srv.url, "GetReservation", `{"reservationId":"audit-pre"}`)
-		if code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GetReservation still %d a minute after the store came back:\n%s", code, srv.logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	awaitStoreBack(t, srv, "audit-pre")
 	if found := mustPost(t, srv.url, "Audit", `{}`)["discrepancies"]; found != nil {
 		t.Errorf("Audit after the store came back: discrepancies %v", found)
 	}
@@ -370,4 +350,22 @@ func TestAuditAndDrainsAnswerWithinStoreTimeoutWhileTheStoreHangs(t *testing.T) 
 	}
 	drained := mustPost(t, srv.url, "RolloutService/DrainProgress", `{"generations":["1"],"runDrains":true}`)
 	t.Logf("DrainProgress runDrains after the store came back: %v", drained)
+}
+
+// awaitStoreBack polls GetReservation of reservationID, a reservation
+// made before the store hung, until the server answers it again (a
+// minute at most): the store is back for this replica.
+func awaitStoreBack(t *testing.T, srv *serverProcess, reservationID string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _ := post(&http.Client{Timeout: 10 * time.Second}, srv.url, "GetReservation", `{"reservationId":"`+reservationID+`"}`)
+		if code == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetReservation still %d a minute after the store came back:\n%s", code, srv.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
