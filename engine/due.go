@@ -694,6 +694,11 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 		if err := p.mayStayCurrent(ctx, quiet); err != nil {
 			return nil, err
 		}
+		// A page's reads answered: a caller bounding each wait for its
+		// store (store.WithProgress; RunDrains under the server's
+		// --store-timeout) waits anew for the next page, though this
+		// call goes on reading pages that yield no command.
+		store.Progressed(ctx)
 		p.found += len(cmds)
 		if last {
 			end := ScanEnd{Generation: s.generation, Commands: p.found, Holds: p.holding, Overflow: p.overflow}
