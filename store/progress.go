@@ -43,3 +43,19 @@ func Waits(ctx context.Context) func(asking bool) {
 	}
 	return func(bool) {}
 }
+
+// progressRows is how many rows of one long read pass between its reports
+// of progress (RowRead).
+const progressRows = 1024
+
+// RowRead counts a row of one long read (rows: its count so far, this
+// one included) and reports progress (Progressed) at its first row and
+// after every progressRows of them, so a caller bounding each wait for its store
+// waits anew while a table's rows keep arriving, not for the whole
+// transfer of a large table (a full audit's moves or statements, which
+// grow with the ledger's age).
+func RowRead(ctx context.Context, rows int) {
+	if rows == 1 || rows%progressRows == 0 {
+		Progressed(ctx)
+	}
+}

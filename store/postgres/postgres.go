@@ -671,7 +671,10 @@ func (s *Store) shardList(ctx context.Context, q querier) ([]ledger.Shard, error
 	}
 	defer rows.Close()
 	var out []ledger.Shard
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		sh, err := scanShard(rows)
 		if err != nil {
 			return nil, s.c.classify("shard list", err, false)

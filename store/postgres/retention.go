@@ -273,7 +273,10 @@ func (s *Store) retainedList(ctx context.Context, q querier) ([]ledger.Retained,
 	}
 	defer rows.Close()
 	var out []ledger.Retained
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		r, err := scanRetained(rows)
 		if err != nil {
 			return nil, s.c.classify("retained", err, false)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
 )
 
@@ -255,7 +256,10 @@ func (s *Store) reservationsQuery(ctx context.Context, q querier, what, query st
 	}
 	defer rows.Close()
 	var out []ledger.Reservation
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		r, err := scanReservation(rows)
 		if err != nil {
 			return nil, s.c.classify(what, err, false)
@@ -313,7 +317,10 @@ func (s *Store) moveList(ctx context.Context, q querier) ([]ledger.Move, error) 
 	}
 	defer rows.Close()
 	var out []ledger.Move
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		m, err := scanMove(rows)
 		if err != nil {
 			return nil, s.c.classify("move list", err, false)
@@ -395,7 +402,10 @@ func (s *Store) statementsQuery(ctx context.Context, q querier, what, query stri
 		out    []ledger.Statement
 		lastID int64 = -1
 	)
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		var (
 			id, generation, start, end int64
 			dims                       int16

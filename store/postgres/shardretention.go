@@ -125,7 +125,10 @@ func (s *Store) retainedShardsList(ctx context.Context, q querier) ([]ledger.Ret
 	}
 	defer rows.Close()
 	by := map[ledger.AccountKey]*ledger.RetainedShards{}
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		var (
 			name  string
 			value int64

@@ -726,7 +726,10 @@ func queryAllSized[T any](ctx context.Context, q interface {
 	if size > 0 {
 		out = make([]T, 0, size)
 	}
+	read := 0
 	for rows.Next() {
+		read++
+		store.RowRead(ctx, read) // a bounded audit waits anew while rows arrive
 		v, err := scan(rows)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
