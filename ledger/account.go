@@ -729,8 +729,8 @@ func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bo
 // subject within one bucket alike: d's burst less what bal holds
 // (available and reserved), what the subject's other accounts hold
 // reserved (heldElsewhere, Account.HeldElsewhere) and share, the deciding
-// account's share when bal is an owing current account's (decidingShare,
-// negative while that account owes more than it holds; 0 otherwise).
+// account's share when bal is an owing current account's (decidingShare:
+// what that account holds available, never its debt; 0 otherwise).
 // Never negative.
 func burstRoom(d *Dimension, bal *Balance, heldElsewhere, share Units) Units {
 	return max(d.Burst-bal.Available-bal.Reserved-heldElsewhere-share, 0)

@@ -732,9 +732,9 @@ type remintDest struct {
 	from                 *Account
 	// held is, per dimension of to, the subject's capacity the deciding
 	// generation's account holds in the unit when to is another account
-	// (a frozen subject's owing current one), available less debt: the
-	// remint leaves room for it under the burst as to's refill does
-	// (decidingShare), beside to's holds elsewhere.
+	// (a frozen subject's owing current one), what it holds available
+	// (not its debt): the remint leaves room for it under the burst as
+	// to's refill does (decidingShare), beside to's holds elsewhere.
 	held Amounts
 }
 
@@ -889,8 +889,8 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 			move.Units[i] = units[i]
 			// The bucket was refilled around the shard while it was out:
 			// what the remint lifts past the burst (counting the
-			// deciding account's share, available less debt, when dst
-			// is another's: decidingShare) overflows,
+			// deciding account's available when dst is another's:
+			// decidingShare) overflows,
 			// as refill tokens do, and is retired at once (recorded, not
 			// dropped). Capacity that was there before the remint is
 			// not touched.
