@@ -22,26 +22,19 @@ func TestRunDrainsReportsEveryPageItReads(t *testing.T) {
 			ctx := context.Background()
 			e := New(open(t), Options{DisableWorkers: true, PageSize: 2, Clock: func() time.Time { return t0 }})
 			t.Cleanup(func() { e.Close() })
-			do := func(cmd ledger.Command) {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err != nil || res.Err != nil {
-					t.Fatalf("%s %s: %+v, %v", cmd.Kind, cmd.Subject, res, err)
-				}
-			}
 			publish := func(burst int64) {
 				t.Helper()
 				p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
 					Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
-				do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+				mustDo(t, e, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 			}
 			const subjects = 12
 			publish(1000)
 			for i := range subjects {
 				id := fmt.Sprintf("r-%d", i)
-				do(ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+				mustDo(t, e, ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
 					Subject: fmt.Sprintf("t-%02d", i), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{10}})
-				do(ledger.Command{Kind: ledger.KindRelease, ReservationID: id})
+				mustDo(t, e, ledger.Command{Kind: ledger.KindRelease, ReservationID: id})
 			}
 			publish(2000) // supersedes the first generation, with room for all it holds
 			if _, err := e.RunDrains(ctx); err != nil {
