@@ -87,3 +87,50 @@ func TestStreamDoneSettlesACheckThatLandsMeanwhile(t *testing.T) {
 	// A retry of the call replays: charged once.
 	h.mustCharge("retry", "acme", "late-1", 120, 120)
 }
+
+// The same with two descriptors in the call after the stream (their
+// settles, or records, run in one engine call): the one whose check
+// landed meanwhile settles that check's reservation, the other, whose
+// check never reached the ledger, records its usage under its id.
+func TestStreamDoneOfTwoDescriptorsSettlesTheCheckThatLanded(t *testing.T) {
+	var landing *landingStore
+	h := newHarness(t, options{config: testMapping(t), auth: true, wrapStore: func(st store.Store) store.Store {
+		landing = &landingStore{Store: st}
+		return landing
+	}})
+	h.publish("*", "chat", "tokens", 1000, 1, time.Hour, false)
+	landing.mu.Lock()
+	landing.id = "envoy:late-2/acme/chat/global"
+	landing.hook = func() {
+		check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(0), "tenant", "acme", "x-request-id", "late-2")}}
+		if resp, err := h.check(check); err != nil || resp.GetOverallCode() != OK {
+			t.Errorf("the check landing meanwhile: %v %v", resp, err)
+		}
+	}
+	landing.mu.Unlock()
+	resp, err := h.check(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(120), "tenant", "acme", "x-request-id", "late-2", "capledger-phase", "settle"),
+		descriptor(hits(30), "tenant", "beta", "x-request-id", "late-2", "capledger-phase", "settle")}})
+	landing.mu.Lock()
+	ran := landing.ran
+	landing.mu.Unlock()
+	if !ran {
+		t.Fatal("the check did not land between the read and the command: the test proves nothing")
+	}
+	if err != nil || resp.GetOverallCode() != OK {
+		t.Fatalf("stream done: %v %v", resp, err)
+	}
+	for _, c := range []struct {
+		tenant string
+		spent  int64
+	}{{"acme", 120}, {"beta", 30}} {
+		r := h.reservation("envoy:late-2/" + c.tenant + "/chat/global")
+		if r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED || r.GetActualUnits()["tokens"] != c.spent {
+			t.Errorf("%s: %v, want settled with %d tokens", c.tenant, r, c.spent)
+		}
+		if b := h.balance(c.tenant, "chat"); b.Spent != c.spent || b.Reserved != 0 {
+			t.Errorf("%s: balance %+v, want %d spent once and nothing held", c.tenant, b, c.spent)
+		}
+	}
+}
