@@ -357,7 +357,12 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		}
 		stale := false
 		for i := range items {
-			if it := &items[i]; staleFirst(it, attempt) {
+			it := &items[i]
+			if checkLanded(it, attempt) {
+				stale = true
+				continue
+			}
+			if staleFirst(it, attempt) {
 				stale = true
 				if cerr := s.srv.RefreshPolicies(ctx, &it.cmds[0], &it.results[0]); cerr != nil {
 					return cerr
@@ -368,9 +373,11 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 			return nil
 		}
 		for i := range items {
-			if it := &items[i]; staleFirst(it, attempt) {
+			if it := &items[i]; staleFirst(it, attempt) || checkLanded(it, attempt) {
 				// Map again. The reservation id stays, so a reserve (or a
-				// record) that did commit meanwhile replays.
+				// record) that did commit meanwhile replays, and a call
+				// after the stream whose check landed meanwhile now finds
+				// the check's reservation and settles it.
 				it.results, it.cmds = nil, nil
 			}
 		}
@@ -458,6 +465,24 @@ func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *ser
 // the request id alone, so that a retried call after the stream replays
 // the record instead of charging again.
 func usageID(rid string) string { return "usage:" + strings.TrimPrefix(rid, "envoy:") }
+
+// checkLanded reports whether a call after the stream, planned as a
+// record under the request's reservation id because no reservation was
+// there when it read (plan), met the reservation of the request's check,
+// committed in between (a check Envoy stopped waiting for, still
+// committing when the stream ended): it is to be planned again, and then
+// settles that reservation as the "started" row of docs/ENVOY.md says,
+// instead of failing the call with ALREADY_EXISTS and leaving the check's
+// estimate held (fewer than server.StaleRetries attempts were made).
+func checkLanded(it *item, attempt int) bool {
+	if !it.mapped.Settle || it.mapped.ID == "" || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindRecord ||
+		it.rid != reservationID(it.mapped.ID, it.mapped.Key) || attempt >= server.StaleRetries {
+		return false
+	}
+	res := &it.results[0]
+	return errors.Is(res.Err, ledger.ErrDigestMismatch) && !errors.Is(res.Err, ledger.ErrReservationRetired) &&
+		!strings.HasPrefix(res.Reservation.RequestDigest, ledger.RecordDigestPrefix)
+}
 
 // staleFirst reports whether the descriptor's reserve or record was
 // refused as mapped for a generation that no longer decides, and is to be

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -68,27 +69,40 @@ func matchesAny(patterns []string, s string) bool {
 	return false
 }
 
-// globMatch matches s against pattern: `*` any run of bytes, `?` one
-// byte, everything else literally. (path.Match would stop `*` at a slash,
-// and subjects such as `tenant-b/team-1/user-9` nest.)
+// globMatch matches s against pattern: `*` any run of characters, `?` one
+// character (one UTF-8 encoded rune, not one byte: `t-?/*` covers `t-é/x`,
+// and `t-??/*` does not), everything else literally. (path.Match would
+// stop `*` at a slash, and subjects such as `tenant-b/team-1/user-9` nest.)
+// Literal characters compare byte by byte, which for UTF-8 is the same as
+// rune by rune; the wildcards step over whole runes.
 func globMatch(pattern, s string) bool {
 	px, sx := 0, 0
 	star, mark := -1, 0
 	for sx < len(s) {
-		switch {
-		case px < len(pattern) && (pattern[px] == '?' || (pattern[px] != '*' && pattern[px] == s[sx])):
-			px++
-			sx++
-		case px < len(pattern) && pattern[px] == '*':
-			star, mark = px, sx
-			px++
-		case star >= 0:
-			px = star + 1
-			mark++
-			sx = mark
-		default:
+		if px < len(pattern) {
+			switch c := pattern[px]; {
+			case c == '*':
+				star, mark = px, sx
+				px++
+				continue
+			case c == '?':
+				_, n := utf8.DecodeRuneInString(s[sx:])
+				px++
+				sx += n
+				continue
+			case c == s[sx]:
+				px++
+				sx++
+				continue
+			}
+		}
+		if star < 0 {
 			return false
 		}
+		_, n := utf8.DecodeRuneInString(s[mark:])
+		px = star + 1
+		mark += n
+		sx = mark
 	}
 	for px < len(pattern) && pattern[px] == '*' {
 		px++

@@ -338,3 +338,43 @@ func TestScopePatternsMayStartWithAStar(t *testing.T) {
 		}
 	}
 }
+
+// `?` in a scope matches one character, as docs/API.md says, not one byte
+// of its UTF-8: `t-?/*` covers the tenant `t-é/x` (é is two bytes), and
+// `t-??/*`, a scope for two-character tenants, does not reach it. Checked
+// through the server, a Reserve per token, as a gateway would meet it.
+func TestScopeQuestionMarkMatchesOneCharacter(t *testing.T) {
+	const (
+		oneToken = "gw-one-char-token-0123456789"
+		twoToken = "gw-two-char-token-0123456789"
+	)
+	h := newHarness(t, harnessOptions{auth: true, tokens: adminToken + " admin ops\n" +
+		oneToken + " gateway gw-one subjects=t-?/*\n" +
+		twoToken + " gateway gw-two subjects=t-??/*\n"})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"r",
+	  "dimensions":[{"unit":"tokens","burst":"1000"}]}}`, adminToken)
+	n := 0
+	for _, c := range []struct {
+		subject, token string
+		want           bool
+	}{
+		{"t-a/x", oneToken, true},
+		{"t-é/x", oneToken, true},
+		{"t-日/x", oneToken, true},
+		{"t-ab/x", oneToken, false},
+		{"t-ab/x", twoToken, true},
+		{"t-é/x", twoToken, false},
+		{"t-日/x", twoToken, false},
+		{"t-éa/x", twoToken, true},
+	} {
+		n++
+		r := h.call("Reserve", `{"reservationId":"q`+strconv.Itoa(n)+`","subject":"`+c.subject+`","route":"r","units":{"tokens":1}}`, c.token)
+		if got := r.status == http.StatusOK; got != c.want {
+			t.Errorf("token %s reserving for %s: %d %s, want in scope %v", c.token[:6], c.subject, r.status, r.raw, c.want)
+		}
+	}
+	sc := server.Scope{Subjects: []string{"*?b"}}
+	if !sc.Covers("日b", "r") || !sc.Covers("xéb", "r") || sc.Covers("b", "r") {
+		t.Errorf("%v: a star then ? backtracks by characters", sc)
+	}
+}
