@@ -240,10 +240,10 @@ func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
 // room for under its burst. It is the one rule for that room, whatever
 // brings capacity into a while a is the owing current account: its refill
 // (bringOwingToNow) and a shard's remint (remintTarget, remintShard).
-// Debt p's account owes there gives a no room beyond its burst: the
-// audit holds every account within its own burst (above_burst), so a
-// request needing that debt and itself beyond the burst waits for the
-// switch (ROLLOUT.md, Limitations). What p's account holds reserved a
+// Debt p's account owes there gives a no room beyond its burst (the
+// audit holds every account within its own burst, above_burst): while
+// the subject is frozen that debt moves to a (intoDeciding), whose
+// refill repays it first. What p's account holds reserved a
 // counts already, as every hold of the subject's other accounts
 // (Account.HeldElsewhere). Zero where p does not limit the unit or its
 // account does not exist yet.
@@ -398,6 +398,20 @@ func dropHeld(cur *Account, cp *Policy, a *Account, ap *Policy, ended *Amounts) 
 // returns nil when there is nothing to move or the receipt was already
 // applied.
 func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now time.Time) *Move {
+	return moveOf(b, from, to, kind, receiptID, false, now)
+}
+
+// moveDebt is moveBetween for from's debt alone, in the units to limits:
+// from keeps its available capacity, and nothing is left behind (from
+// keeps what to does not limit, and stays where it was in its subject).
+// intoDeciding moves the deciding account's debt to a frozen subject's
+// current account with it.
+func moveDebt(b Book, from, to *Account, receiptID string, now time.Time) *Move {
+	return moveOf(b, from, to, MoveForward, receiptID, true, now)
+}
+
+// moveOf is moveBetween, or moveDebt when debtOnly is set.
+func moveOf(b Book, from, to *Account, kind MoveKind, receiptID string, debtOnly bool, now time.Time) *Move {
 	if _, done := b.Move(receiptID); done {
 		return nil
 	}
@@ -409,7 +423,9 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	move := Move{ReceiptID: receiptID, Kind: kind, From: from.Key, To: to.Key, At: now}
 	fromBefore, toBefore := from.Balances, to.Balances
 	moved := false
-	leaveBehind(b, from, fromPolicy, toPolicy)
+	if !debtOnly {
+		leaveBehind(b, from, fromPolicy, toPolicy)
+	}
 	for i := 0; i < from.Dims; i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
 		if j < 0 {
@@ -436,6 +452,9 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 		// available + reserved, so a forwarded refund must not lift the
 		// subject above it. What does not fit stays on the superseded
 		// account, where nothing is admitted.
+		if debtOnly {
+			continue
+		}
 		room := moveRoom(toPolicy.Dimensions[j].Burst, dst, to.HeldElsewhere[j])
 		if units := min(src.Available, room); units > 0 {
 			src.Available -= units

@@ -40,7 +40,9 @@ import (
 // ended one's). While the subject is frozen the deciding
 // generation's account is open (settleOwing opens it), and every other
 // member moves its debt and capacity in the units it limits there at once:
-// its refill repays that debt during the freeze, and slowestOwing counts it.
+// its refill repays that debt during the freeze, and slowestOwing counts it;
+// its debt in a unit the current account refills moves on to the current
+// account, whose refill repays it first (intoDeciding).
 //
 // While any member owes debt in a unit the deciding generation does not
 // limit, the subject is frozen: its current account is such a member,
@@ -432,7 +434,9 @@ func heldAtSwitch(b Book, key AccountKey, current uint64, cp *Policy, pa *Accoun
 // rest without the members left owing and holding nothing p limits, with
 // p's account (it stays in the set while the subject is frozen under p).
 // A rolled-back current account moves its debt and capacity in units p
-// limits there too (it refills none of them).
+// limits there too (it refills none of them). Any other current account
+// takes pa's debt in the units it limits (moveDebt, receipt
+// "owing-debt:<pa>:<version>"): it refills them, and pa does not.
 func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.Time) []uint64 {
 	current, ok := b.AccountCurrent(subject)
 	if !ok || current == p.Generation {
@@ -470,6 +474,26 @@ func intoDeciding(b Book, subject PolicyKey, p *Policy, rest []uint64, now time.
 		owingMove(b, m, pa, now)
 		if owes(m) || holdsFor(m, mp, p) {
 			kept = append(kept, g)
+		}
+	}
+	if refillsFor(cp) {
+		// Debt pa owes in a unit the current account refills moves to
+		// the current account: pa does not refill such a unit while the
+		// subject is frozen (settleOwing), and the current account's
+		// refill repays that debt first, then fills its burst less the
+		// holds (bringOwingToNow), so the subject's capacity there, net
+		// of the debt, is refilled in one place within one burst, and
+		// the refusal's Retry-After, admit's on the current account,
+		// counts the debt. Left on pa, the current account's refill
+		// would stop at its burst and the switch would repay the debt
+		// from what it moves: a retry after that Retry-After would be
+		// refused again.
+		key.Generation = current
+		if cur, ok := b.Account(key); ok {
+			if fresh, ok := b.Account(pa.Key); ok {
+				pa = fresh
+			}
+			moveDebt(b, pa, cur, "owing-debt:"+pa.Key.String()+":"+strconv.FormatUint(pa.Version, 10), now)
 		}
 	}
 	// pa stays in the set while the subject is frozen under p: it
@@ -658,6 +682,34 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 		}
 	}
 	return unit, wait, ok
+}
+
+// heldUpAtSwitch returns the first of p's dimensions in which units (in
+// p's dimensions) do not fit p's burst beside the holds the switch from
+// the subject's current account (under cp) to p's account will count
+// there: p's account's own and those heldAtSwitch carries over; -1 when
+// they fit everywhere, or p's account does not exist or is current. The
+// subject refuses such a request after the switch however long it waits
+// (admit: only holds ending make room), though the current account's
+// burst may have room for it (a larger burst than p's), so a frozen
+// subject's refusal gives no Retry-After for it (refuseOwing).
+func heldUpAtSwitch(b Book, current *Account, cp, p *Policy, units *Amounts) int {
+	if current.Key.Generation == p.Generation {
+		return -1
+	}
+	key := current.Key
+	key.Generation = p.Generation
+	pa, ok := b.Account(key)
+	if !ok {
+		return -1
+	}
+	held := heldAtSwitch(b, key, current.Key.Generation, cp, pa, p)
+	for i := 0; i < pa.Dims && i < len(p.Dimensions); i++ {
+		if units[i] > 0 && units[i] > p.Dimensions[i].Burst-pa.Balances[i].Reserved-held[i] {
+			return i
+		}
+	}
+	return -1
 }
 
 // refillsFor reports whether an owing current account under cp refills

@@ -21,7 +21,24 @@ import "testing"
 // available than it minted.
 func TestOwingExploreSeeds(t *testing.T) {
 	for _, seed := range []int{2675, 2688, 4152, 7401, 7515, 10163, 10262, 10266, 10267, 10283, 17515, 21011} {
-		if msg, _ := exploreSeed(seed, false); msg != "" {
+		if msg, _ := exploreSeed(seed, retryOff); msg != "" {
+			t.Errorf("seed %d: %s", seed, msg)
+		}
+	}
+}
+
+// TestOwingExploreRetrySeeds replays, with the retry of each refusal
+// after its Retry-After (EXPLORE_RETRY=1), the histories of
+// TestOwingExplore (EXPLORE_SEEDS=3000) whose retry was refused again on
+// a frozen subject: the request needed the debt the deciding generation's
+// account owed in a unit the owing current account refills, and was
+// itself beyond that account's burst less holds less the debt. The
+// current account's refill stopped at its burst and the switch repaid
+// the debt from what it moved. The debt now moves to the current account
+// while the subject is frozen (intoDeciding), whose refill repays it first.
+func TestOwingExploreRetrySeeds(t *testing.T) {
+	for _, seed := range []int{767, 805, 816, 883, 890, 894, 899, 900, 919, 2685, 2689} {
+		if msg, _ := exploreSeed(seed, retryAlone); msg != "" {
 			t.Errorf("seed %d: %s", seed, msg)
 		}
 	}

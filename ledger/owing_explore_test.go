@@ -23,8 +23,13 @@ import (
 // for the time since the unit was first opened), and that the subject's
 // holds in a unit no generation left behind stay within its burst. With
 // EXPLORE_RETRY set it also retries each refusal with a Retry-After in a
-// replay after the wait and reports a second refusal (see the report of
-// the sixth review: cases remain). EXPLORE_SEEDS sets the number of
+// replay after the wait and reports a second refusal (docs/API.md,
+// Retry-After: nothing else happening, the retry is admitted); with
+// EXPLORE_RETRY=wait it checks that first, then, in another replay, lands
+// a command during the wait (exploreProbe) and checks the weaker promise
+// of docs/ROLLOUT.md, Limitations: a retry after the Retry-After is
+// refused again only when that command handed the subject's capacity over,
+// and one refill interval later it is admitted. EXPLORE_SEEDS sets the number of
 // histories (600 by default), EXPLORE_FROM the first seed (0 by
 // default); EXPLORE_DUMP=<seed> logs that history, cut down to the steps
 // that keep the failure.
@@ -34,7 +39,14 @@ func TestOwingExplore(t *testing.T) {
 		seeds = 600
 	}
 	from, _ := strconv.Atoi(os.Getenv("EXPLORE_FROM"))
-	retry := os.Getenv("EXPLORE_RETRY") != ""
+	retry := retryOff
+	switch os.Getenv("EXPLORE_RETRY") {
+	case "":
+	case "wait":
+		retry = retryWait
+	default:
+		retry = retryAlone
+	}
 	found := map[string]int{}
 	for seed := from; seed < seeds; seed++ {
 		if msg, steps := exploreSeed(seed, retry); msg != "" {
@@ -66,13 +78,30 @@ func TestOwingExplore(t *testing.T) {
 		}
 	}
 	t.Logf("legacy budgets carved %d, reconciliations tried %d", exploreCarved, exploreReconciled)
+	if retry == retryWait {
+		t.Logf("retries with a command during the wait %d, refused at the Retry-After %d (each after a handover, admitted one refill interval later)", exploreProbed, exploreProbeShort)
+	}
 	if len(found) > 0 {
 		t.Logf("failures by kind: %v", found)
 	}
 }
 
-// exploreCarved and exploreReconciled count the walks' legacy steps.
-var exploreCarved, exploreReconciled int
+// exploreCarved and exploreReconciled count the walks' legacy steps;
+// exploreProbed the retries checked with a command during the wait
+// (EXPLORE_RETRY=wait), exploreProbeShort those refused at the
+// Retry-After.
+var exploreCarved, exploreReconciled, exploreProbed, exploreProbeShort int
+
+// retryMode is what a walk checks of a refusal's Retry-After
+// (EXPLORE_RETRY): nothing, the retry after it with nothing else
+// happening, or that and the retry with a command during the wait.
+type retryMode int
+
+const (
+	retryOff retryMode = iota
+	retryAlone
+	retryWait
+)
 
 // panicFailer fails by panicking, so a walk's failure is recovered and
 // reported with its seed.
@@ -164,7 +193,7 @@ func mintBound(c *checked) string {
 
 // exploreSeed walks the history of seed; it returns the first failure
 // ("" for none) and the steps taken.
-func exploreSeed(seed int, retry bool) (string, []exploreStep) {
+func exploreSeed(seed int, retry retryMode) (string, []exploreStep) {
 	rng := &splitmix{state: uint64(seed)*0x9e3779b97f4a7c15 + 7}
 	var steps []exploreStep
 	var ids []string
@@ -216,7 +245,7 @@ func exploreSeed(seed int, retry bool) (string, []exploreStep) {
 					ids = append(ids, id)
 					continue
 				}
-				if retry && res.RetryAfter > 0 && (errors.Is(res.Err, ledger.ErrAdmissionFrozen) || errors.Is(res.Err, ledger.ErrInsufficientCapacity)) {
+				if retry != retryOff && res.RetryAfter > 0 && (errors.Is(res.Err, ledger.ErrAdmissionFrozen) || errors.Is(res.Err, ledger.ErrInsufficientCapacity)) {
 					fork := exploreReplay(steps)
 					fork.advance(res.RetryAfter)
 					cmd2 := cmd
@@ -229,6 +258,9 @@ func exploreSeed(seed int, retry bool) (string, []exploreStep) {
 					steps = steps[:len(steps)-1]
 					if again.Err != nil && !errors.Is(again.Err, ledger.ErrReservationTooLarge) {
 						panic(fmt.Sprintf("retry-after: refused %v (%s %v); retry after it: %v (%s %v)", res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter))
+					}
+					if retry == retryWait {
+						exploreRetryBesideProbe(steps, seed, step, cmd, res)
 					}
 				}
 			case k < 11 && len(ids) > 0:
@@ -421,4 +453,92 @@ func minimizeMint(steps []exploreStep, key string) []exploreStep {
 		}
 	}
 	return steps
+}
+
+// exploreRetryBesideProbe checks the Retry-After of res, the refusal of
+// cmd (the last of steps), when another command lands during the wait:
+// in a replay it applies, at a time drawn within the wait, a command
+// that takes no capacity (exploreProbe), then retries cmd at the
+// Retry-After. docs/ROLLOUT.md, Limitations: each handover of the
+// subject's capacity loses the refill the previous account had accrued
+// but not minted, less than one refill interval, so such a retry may be
+// refused again, but only when the command moved the subject's current
+// pointer, and a retry one refill interval later is admitted. A probe
+// that is itself admitted took the capacity (nothing is promised then).
+// It panics with the failure, the probe and the retry as the walk's last
+// steps.
+func exploreRetryBesideProbe(steps []exploreStep, seed, step int, cmd ledger.Command, res ledger.Result) {
+	rng := &splitmix{state: uint64(seed)*0x9e3779b97f4a7c15 + uint64(step)*0xbf58476d1ce4e5b9 + 11}
+	fork := exploreReplay(steps)
+	before, _ := fork.book.AccountCurrent(testSubject)
+	at := time.Duration(rng.Int64N(int64(res.RetryAfter/time.Millisecond))) * time.Millisecond
+	fork.advance(at)
+	probe, desc := exploreProbe(fork, rng, cmd)
+	probed := fork.apply(probe)
+	if probe.Kind == ledger.KindReserve && probed.Err == nil {
+		return
+	}
+	after, _ := fork.book.AccountCurrent(testSubject)
+	exploreProbed++
+	fork.advance(res.RetryAfter - at)
+	retry := cmd
+	retry.ReservationID += "-retry"
+	retry.RequestDigest += "-retry"
+	again := fork.apply(retry)
+	if again.Err == nil || errors.Is(again.Err, ledger.ErrReservationTooLarge) {
+		return
+	}
+	exploreProbeShort++
+	if before == after {
+		panic(fmt.Sprintf("retry-after beside %s at %v: refused %v (%s %v); retry after it: %v (%s %v), with no handover (current generation %d throughout)",
+			desc, at, res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter, before))
+	}
+	var interval time.Duration
+	for _, d := range exploreDims {
+		interval = max(interval, d.RefillInterval)
+	}
+	fork.advance(interval)
+	late := cmd
+	late.ReservationID += "-late"
+	late.RequestDigest += "-late"
+	if last := fork.apply(late); last.Err != nil && !errors.Is(last.Err, ledger.ErrReservationTooLarge) {
+		panic(fmt.Sprintf("retry-after beside %s at %v (a handover, current generation %d then %d): refused %v (%s %v); retry after it: %v (%s %v); one refill interval later: %v (%s %v)",
+			desc, at, before, after, res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter, last.Err, last.Dimension, last.RetryAfter))
+	}
+}
+
+// exploreProbe draws a command that takes no capacity for c's subject,
+// to land during a Retry-After's wait: cmd again under another id (a
+// second gateway retrying early), a refill or a drain of one of the
+// subject's accounts (the workers' commands), or a release of one of its
+// holds (which only gives capacity back); with a description.
+func exploreProbe(c *checked, rng *splitmix, cmd ledger.Command) (ledger.Command, string) {
+	var gens []uint64
+	var holds []string
+	for _, a := range c.m.Accounts() {
+		if a.Key.SubjectKey() == testSubject {
+			gens = append(gens, a.Key.Generation)
+		}
+	}
+	for _, r := range c.m.Reservations() {
+		if r.State == ledger.StateReserved {
+			holds = append(holds, r.ID)
+		}
+	}
+	switch k := rng.IntN(4); {
+	case k == 1 && len(gens) > 0, k == 2 && len(gens) > 0:
+		key := ledger.AccountKey{Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Generation: gens[rng.IntN(len(gens))]}
+		kind := ledger.KindRefill
+		if k == 2 {
+			kind = ledger.KindDrain
+		}
+		return ledger.Command{Kind: kind, Account: key}, fmt.Sprint(kind, key.Generation)
+	case k == 3 && len(holds) > 0:
+		id := holds[rng.IntN(len(holds))]
+		return ledger.Command{Kind: ledger.KindRelease, ReservationID: id}, "release " + id
+	}
+	early := cmd
+	early.ReservationID += "-early"
+	early.RequestDigest += "-early"
+	return early, "an early retry"
 }

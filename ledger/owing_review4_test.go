@@ -113,9 +113,8 @@ func TestOwingReview4RetryAfterIgnoresOtherMembersDebtInDecidingUnit(t *testing.
 
 // Promise (docs/API.md PublishPolicy: the frozen refusal carries "the
 // Retry-After of the account that needs longest"; seed: a conservative
-// Retry-After; docs/ROLLOUT.md Limitations excuses a second refusal only
-// when the request needs more of a unit than the owing CURRENT account's
-// burst holds). g0 (tokens, images) has 1 image in flight and 1
+// Retry-After; docs/ROLLOUT.md Limitations reckons it on the owing
+// CURRENT account's burst in a unit it limits). g0 (tokens, images) has 1 image in flight and 1
 // available when g1 (tokens, requests) takes over: images are left behind
 // (left_behind row). g1 owes 3 requests; g2 (tokens, images; new terms)
 // is published and its account does not exist yet. A reserve of 1 image

@@ -198,6 +198,11 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 		res.Err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, unit)
 		res.Dimension, res.RetryAfter = unit, wait
 	}
+	if i := heldUpAtSwitch(b, a, ap, p, &cmd.Units); i >= 0 {
+		unit := p.Dimensions[i].Unit
+		res.Err = fmt.Errorf("%w: only outstanding holds ending can make room in %s (refill fills available only up to burst minus reserved), so no Retry-After is given", res.Err, unit)
+		res.Dimension, res.RetryAfter = unit, 0
+	}
 	res.Generation = p.Generation
 	for i := range p.Dimensions {
 		if j := ap.DimensionIndex(p.Dimensions[i].Unit); j >= 0 {
