@@ -58,8 +58,8 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	if err := checkAmounts(nil, &cmd.Units, true); err != nil {
 		return Result{Err: checkAmounts(namingPolicy(b, cmd), &cmd.Units, true)}
 	}
-	if problem := RecordShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
-		return Result{Err: invalid("%s", problem)}
+	if problem := RecordShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != nil {
+		return Result{Err: problem}
 	}
 	if r, ok := b.Reservation(cmd.ReservationID); ok && !(mutantOn("record_charges_replay") && r.OperationID == cmd.OperationID && sameUsage(b, r, cmd)) {
 		switch {
@@ -151,16 +151,16 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 // (AmountShapeProblem, capped): a concrete subject (not AnySubject), a
 // route, a region, and at least one amount above 0 (no usage is nothing
 // to record). Decided from the command alone, before the id is looked
-// up. It returns "" for a well-formed Record, else what is wrong; the
-// ledger and the server both call it.
-func RecordShapeProblem(subject, route, region string, units []Units) string {
-	if problem := accountShapeProblem(subject, route, region, "record usage"); problem != "" {
+// up. It returns nil for a well-formed Record, else the first refused
+// field (ErrInvalidCommand); the ledger and the server both call it.
+func RecordShapeProblem(subject, route, region string, units []Units) *FieldError {
+	if problem := accountShapeProblem(subject, route, region, "record usage"); problem != nil {
 		return problem
 	}
 	if !anyAbove0(units) {
-		return "actualUnits: no usage to record (at least one amount above 0)"
+		return NewFieldError(ErrInvalidCommand, "actualUnits", ": no usage to record (at least one amount above 0)")
 	}
-	return ""
+	return nil
 }
 
 // sameUsage reports whether cmd's usage is what r recorded. cmd.Units are

@@ -70,8 +70,8 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	// The rest of the shape too (the server calls the same rule): a
 	// retry without a subject or without units is ErrInvalidCommand, not
 	// its receipt or a digest mismatch.
-	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
-		*res = Result{Err: invalid("%s", problem)}
+	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != nil {
+		*res = Result{Err: problem}
 		return
 	}
 	if problem := ReserveDigestProblem(cmd.RequestDigest); problem != "" {
@@ -487,33 +487,40 @@ func ReserveDigestProblem(digest string) string {
 // MaxKeyBytes), and at least one amount above 0. Decided from the command
 // alone, before the reservation id is looked up, so a malformed retry is
 // refused whatever the id names (a live reservation, a tombstone). It
-// returns "" for a well-formed Reserve, else what is wrong. The ledger
-// (Reserve) and the server (on its request, the region defaulted) both
-// call it, so they check the same rule in the same order.
-func ReserveShapeProblem(subject, route, region string, units []Units) string {
-	if problem := accountShapeProblem(subject, route, region, "reserve"); problem != "" {
+// returns nil for a well-formed Reserve, else the first refused field
+// (ErrInvalidCommand, its path the request's field: "subject", "units").
+// The ledger (Reserve) and the server (on its request, the region
+// defaulted) both call it, so they check the same rule in the same order.
+func ReserveShapeProblem(subject, route, region string, units []Units) *FieldError {
+	if problem := accountShapeProblem(subject, route, region, "reserve"); problem != nil {
 		return problem
 	}
 	if !anyAbove0(units) {
-		return "units: no units to reserve (at least one amount above 0)"
+		return NewFieldError(ErrInvalidCommand, "units", ": no units to reserve (at least one amount above 0)")
 	}
-	return ""
+	return nil
 }
 
 // accountShapeProblem is what a command that takes capacity from an
 // account (what verb says it does) needs of its key: a concrete subject
-// (not AnySubject), a route and a region, each at most MaxKeyBytes; ""
-// when it has them.
-func accountShapeProblem(subject, route, region, verb string) string {
+// (not AnySubject), a route and a region, each at most MaxKeyBytes; nil
+// when it has them, else the first field refused, one field per refusal
+// ("subject is required" before "route is required").
+func accountShapeProblem(subject, route, region, verb string) *FieldError {
 	switch {
 	case subject == AnySubject:
-		return fmt.Sprintf("subject %q names every subject; %s for a concrete one", AnySubject, verb)
-	case subject == "" || route == "":
-		return "subject and route are required"
+		return NewFieldError(ErrInvalidCommand, "subject", fmt.Sprintf("%q names every subject; %s for a concrete one", AnySubject, verb))
+	case subject == "":
+		return NewFieldError(ErrInvalidCommand, "subject", "is required")
+	case route == "":
+		return NewFieldError(ErrInvalidCommand, "route", "is required")
 	case region == "":
-		return "region is required"
+		return NewFieldError(ErrInvalidCommand, "region", "is required")
 	}
-	return KeyProblem(subject, route, region)
+	if field, problem := KeyFieldProblem(subject, route, region); problem != "" {
+		return NewFieldError(ErrInvalidCommand, field, problem)
+	}
+	return nil
 }
 
 // anyAbove0 reports whether at least one of units is above 0.

@@ -294,22 +294,23 @@ func LegacyShardRemintReceipt(shardID string, n int64) string {
 // (gateway processes number their boots from 1), a TTL above 0 and at
 // least one amount above 0. Decided from the command alone, before the
 // shard id is looked up, so a malformed retry is refused whatever the id
-// names. It returns "" for a well-formed issue, else what is wrong. The
-// ledger (IssueShard) and the server (on its request, the region
-// defaulted) both call it, so they check the same rule in the same order.
-func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time.Duration, units []Units) string {
-	if problem := accountShapeProblem(subject, route, region, "issue a shard"); problem != "" {
+// names. It returns nil for a well-formed issue, else the first refused
+// field (ErrInvalidCommand). The ledger (IssueShard) and the server (on
+// its request, the region defaulted) both call it, so they check the same
+// rule in the same order.
+func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time.Duration, units []Units) *FieldError {
+	if problem := accountShapeProblem(subject, route, region, "issue a shard"); problem != nil {
 		return problem
 	}
 	switch {
 	case bootEpoch == 0:
-		return "bootEpoch is required (a gateway process numbers its boots from 1)"
+		return NewFieldError(ErrInvalidCommand, "bootEpoch", "is required (a gateway process numbers its boots from 1)")
 	case ttl <= 0:
-		return fmt.Sprintf("ttl must be above 0 (%s)", DurationText(ttl))
+		return NewFieldError(ErrInvalidCommand, "ttl", fmt.Sprintf("must be above 0 (%s)", DurationText(ttl)))
 	case !anyAbove0(units):
-		return "units: no units to carve (at least one amount above 0)"
+		return NewFieldError(ErrInvalidCommand, "units", ": no units to carve (at least one amount above 0)")
 	}
-	return ""
+	return nil
 }
 
 // IssueShard carves emergency capacity for one gateway process out of the
@@ -362,8 +363,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	// The rest of the shape too (the server calls the same rule): a retry
 	// without a subject, a boot epoch or units is ErrInvalidCommand, not
 	// ErrShardIDReused or a replay.
-	if problem := ShardShapeProblem(cmd.Subject, cmd.Route, cmd.Region, args.BootEpoch, args.TTL, cmd.Units[:]); problem != "" {
-		return Result{Err: invalid("%s", problem)}
+	if problem := ShardShapeProblem(cmd.Subject, cmd.Route, cmd.Region, args.BootEpoch, args.TTL, cmd.Units[:]); problem != nil {
+		return Result{Err: problem}
 	}
 	if existing, ok := b.Shard(args.ShardID); ok {
 		same := existing.GatewayID == args.GatewayID && existing.BootEpoch == args.BootEpoch &&

@@ -38,7 +38,7 @@ const (
 func pageSize(n int32) (int, *connect.Error) {
 	switch {
 	case n < 0 || n > maxPageSize:
-		return 0, invalidArgument(ReasonInvalidCommand, "pageSize %d: want 1 to %d (0 for %d)", n, maxPageSize, defaultPageSize)
+		return 0, invalidField(ReasonInvalidCommand, "pageSize", "%d: want 1 to %d (0 for %d)", n, maxPageSize, defaultPageSize)
 	case n == 0:
 		return defaultPageSize, nil
 	}
@@ -48,7 +48,7 @@ func pageSize(n int32) (int, *connect.Error) {
 // ListUsageUnknown implements LedgerService.ListUsageUnknown.
 func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
 	if problem := subjectFilterProblem(req.Msg.GetSubject()); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, invalidField(ReasonInvalidCommand, "subject", "%s", problem)
 	}
 	size, cerr := pageSize(req.Msg.GetPageSize())
 	if cerr != nil {
@@ -57,11 +57,11 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	query := queryDigest(req.Msg.GetSubject(), req.Msg.GetRoute())
 	plain, err := s.unsealPage(ctx, "ListUsageUnknown", req.Msg.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	after, err := parseUnknownToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	var rows []ledger.Reservation
 	var next *store.UnknownCursor

@@ -370,7 +370,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	limit := int(m.GetLimit())
 	switch {
 	case limit < 0 || limit > maxStandings:
-		return nil, invalidArgument(ReasonInvalidCommand, "limit %d: want 1 to %d (0 for %d)", limit, maxStandings, defaultStandings)
+		return nil, invalidField(ReasonInvalidCommand, "limit", "%d: want 1 to %d (0 for %d)", limit, maxStandings, defaultStandings)
 	case limit == 0:
 		limit = defaultStandings
 	}

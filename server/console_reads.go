@@ -24,28 +24,30 @@ import (
 
 // oneSubjectProblem is the rule for a read of one subject's rows
 // (GetAccount, ListSubjectReservations, ListStatements): "" for a subject
-// it can name, else what is wrong. The subject is required and concrete:
+// it can name, else what is wrong, as a phrase that follows the field's
+// name ("is required"). The subject is required and concrete:
 // "*" names a policy for every subject, never an account or a reservation
 // (Reserve and RecordUsage refuse it), so answering it with no rows would
 // read as "this subject has none" where the caller meant "all of them".
 func oneSubjectProblem(subject string) string {
 	switch subject {
 	case "":
-		return "subject is required"
+		return "is required"
 	case ledger.AnySubject:
-		return fmt.Sprintf("subject %q names every subject; name a concrete one", ledger.AnySubject)
+		return fmt.Sprintf("%q names every subject; name a concrete one", ledger.AnySubject)
 	}
 	return ""
 }
 
 // subjectFilterProblem is the rule for a list's optional subject filter
 // (ListUsageUnknown, ListShards): "" for none or a subject it can match,
-// else what is wrong. "*" is no pattern there: no reservation or shard
-// has that subject, so matching it literally answered an empty list
-// that read as "none" where the caller meant "every subject".
+// else what is wrong, as a phrase that follows the field's name. "*" is
+// no pattern there: no reservation or shard has that subject, so matching
+// it literally answered an empty list that read as "none" where the
+// caller meant "every subject".
 func subjectFilterProblem(subject string) string {
 	if subject == ledger.AnySubject {
-		return fmt.Sprintf("subject %q names every subject; leave subject out to list every subject", ledger.AnySubject)
+		return fmt.Sprintf("%q names every subject; leave subject out to list every subject", ledger.AnySubject)
 	}
 	return ""
 }
@@ -68,7 +70,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	}
 	m := req.Msg
 	if problem := oneSubjectProblem(m.GetSubject()); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, invalidField(ReasonInvalidCommand, "subject", "%s", problem)
 	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
@@ -78,18 +80,18 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	for _, pb := range m.GetStates() {
 		st, ok := stateFromProto(pb)
 		if !ok || !st.Stored() {
-			return nil, invalidArgument(ReasonInvalidCommand, "states: %v is not a stored reservation state", pb)
+			return nil, invalidField(ReasonInvalidCommand, "states", ": %v is not a stored reservation state", pb)
 		}
 		states = append(states, st)
 	}
 	query := subjectQueryDigest(m.GetSubject(), states)
 	plain, err := c.s.unsealPage(ctx, "ListSubjectReservations", m.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	before, err := parseSubjectToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
 	if c.s.filterOutOfScope(ctx, "list subject reservations", m.GetSubject(), "") {
@@ -196,12 +198,15 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	m := req.Msg
 	if problem := oneSubjectProblem(m.GetSubject()); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, invalidField(ReasonInvalidCommand, "subject", "%s", problem)
 	}
-	if m.GetRoute() == "" || m.GetPolicyGeneration() == 0 {
-		// Generations start at 1: without one no account is named, and an
-		// empty answer would read as "no statements".
-		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policyGeneration are required")
+	// Generations start at 1: without one no account is named, and an
+	// empty answer would read as "no statements".
+	switch {
+	case m.GetRoute() == "":
+		return nil, invalidField(ReasonInvalidCommand, "route", "is required")
+	case m.GetPolicyGeneration() == 0:
+		return nil, invalidField(ReasonInvalidCommand, "policyGeneration", "is required")
 	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
@@ -211,11 +216,11 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	query := queryDigest(key.Subject, key.Route, key.Region, strconv.FormatUint(key.Generation, 10))
 	plain, err := c.s.unsealPage(ctx, "ListStatements", m.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	before, err := parseStatementToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	resp := &v1.ListStatementsResponse{}
 	if c.s.outOfScope(ctx, "list statements", key.Subject, key.Route, "", "") {
@@ -291,9 +296,9 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 	ids := req.Msg.GetReservationIds()
 	switch {
 	case len(ids) == 0:
-		return nil, invalidArgument(ReasonInvalidCommand, "reservationIds: at least one id is required")
+		return nil, invalidField(ReasonInvalidCommand, "reservationIds", ": at least one id is required")
 	case len(ids) > maxResolverAnswerIDs:
-		return nil, invalidArgument(ReasonInvalidCommand, "reservationIds: %d given; at most %d", len(ids), maxResolverAnswerIDs)
+		return nil, invalidField(ReasonInvalidCommand, "reservationIds", ": %d given; at most %d", len(ids), maxResolverAnswerIDs)
 	}
 	// An empty (or over-long) id names no reservation: refused as every
 	// other method refuses it, rather than answered as an id without an

@@ -790,7 +790,7 @@ func checkUnitValues(field string, units map[string]int64, capped bool) *connect
 			return cerr
 		}
 		if problem := ledger.AmountShapeProblem(units[name], capped); problem != "" {
-			return invalidArgument(ReasonInvalidCommand, "%s: %q %s", field, name, problem)
+			return invalidField(ReasonInvalidCommand, field, ": %q %s", name, problem)
 		}
 	}
 	return nil

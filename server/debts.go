@@ -24,11 +24,11 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	}
 	plain, err := s.unsealPage(ctx, "ListDebts", req.Msg.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	after, err := parseDebtToken(plain)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	// A scoped viewer sees its own tenants' debts only. The engine leaves
 	// the others out before it reads anything more for them, reads a

@@ -131,7 +131,7 @@ func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.
 		attachDetail(cerr, detail)
 		return cerr
 	}
-	detail := &v1.ErrorDetail{Reason: class.reason}
+	detail := errorDetail(class.reason, res.Err)
 	if class.withReservation && res.Reservation.ID != "" {
 		if pb, err := s.reservationProto(ctx, &res.Reservation); err == nil {
 			detail.Reservation = pb
@@ -142,7 +142,8 @@ func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.
 }
 
 // itemError is outcomeError for one batch item: the same code and detail,
-// carried in the response instead of failing the call.
+// carried in the response instead of failing the call. A refused field's
+// path (ErrorDetail.field) is within the item, as its message is.
 func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemError {
 	class := classify(res.Err)
 	item := &v1.ItemError{Code: class.code.String(), Message: outcomeMessage(res.Err)}
@@ -151,7 +152,7 @@ func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemErro
 		s.metrics.rejection(res.Dimension, class.reason)
 		return item
 	}
-	item.Detail = &v1.ErrorDetail{Reason: class.reason}
+	item.Detail = errorDetail(class.reason, res.Err)
 	if class.withReservation && res.Reservation.ID != "" {
 		if pb, err := s.reservationProto(ctx, &res.Reservation); err == nil {
 			item.Detail.Reservation = pb
@@ -184,9 +185,46 @@ func outcomeMessage(err error) string {
 func fieldRefusal(reason, parent string, err error) *connect.Error {
 	var fe *ledger.FieldError
 	if errors.As(err, &fe) {
-		return invalidArgument(reason, "%s", fe.Under(parent).Text())
+		return refuseField(reason, fe.Under(parent))
 	}
 	return invalidArgument(reason, "%s", outcomeMessage(err))
+}
+
+// refuseField is the answer to one refused request field, fe (its path
+// from the request's root, or from a batch item's): 400 invalid_argument,
+// the message fe's text (the path first, API.md "Field paths"), and an
+// ErrorDetail with reason and field = fe's path (errorDetail).
+func refuseField(reason string, fe *ledger.FieldError) *connect.Error {
+	return withReason(connect.NewError(connect.CodeInvalidArgument, refusal{fe.Text(), fe}), reason)
+}
+
+// invalidField is refuseField of the field at path (from the request's
+// root), the problem formatted as a phrase that follows the path (after
+// a space, or starting with ":" for the field as a whole or a key of its
+// map: ledger.FieldError.Text).
+func invalidField(reason, path, format string, args ...any) *connect.Error {
+	kind := ledger.ErrInvalidCommand
+	switch reason {
+	case ReasonInvalidPolicy:
+		kind = ledger.ErrInvalidPolicy
+	case ReasonInvalidRollout:
+		kind = ledger.ErrInvalidRollout
+	}
+	return refuseField(reason, ledger.NewFieldError(kind, path, fmt.Sprintf(format, args...)))
+}
+
+// errorDetail is the one place an ErrorDetail is made: its reason, and
+// for a refused field (a *ledger.FieldError in err, which every
+// validation refusal of one field carries: refuseField, the ledger's
+// Policy.Validate, NewRollout, shape and receipt checks) the field's path
+// as the message starts with it; no field for anything else.
+func errorDetail(reason string, err error) *v1.ErrorDetail {
+	detail := &v1.ErrorDetail{Reason: reason}
+	var fe *ledger.FieldError
+	if errors.As(err, &fe) {
+		detail.Field = fe.Path
+	}
+	return detail
 }
 
 // refusal is a ledger outcome's error with the text outcomeMessage gives
@@ -303,13 +341,16 @@ func notSentError(what, notFoundReason string, err error) *connect.Error {
 	return operatingError(what, fmt.Errorf("%w: %w", engine.ErrNotApplied, err))
 }
 
-// invalidArgument is a malformed request caught before the ledger.
+// invalidArgument is a malformed request caught before the ledger that
+// names no one field (invalidField names one).
 func invalidArgument(reason string, format string, args ...any) *connect.Error {
 	return withReason(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...)), reason)
 }
 
+// withReason attaches cerr's ErrorDetail (errorDetail of the error under
+// it: a refused field's path comes with it whoever made cerr).
 func withReason(cerr *connect.Error, reason string) *connect.Error {
-	attachDetail(cerr, &v1.ErrorDetail{Reason: reason})
+	attachDetail(cerr, errorDetail(reason, cerr.Unwrap()))
 	return cerr
 }
 

@@ -37,7 +37,7 @@ func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1
 	limit := int(req.Msg.GetLimit())
 	switch {
 	case limit < 0 || limit > maxFairnessLimit:
-		return nil, invalidArgument(ReasonInvalidCommand, "limit %d: want 1 to %d (0 for %d)", limit, maxFairnessLimit, defaultFairnessLimit)
+		return nil, invalidField(ReasonInvalidCommand, "limit", "%d: want 1 to %d (0 for %d)", limit, maxFairnessLimit, defaultFairnessLimit)
 	case limit == 0:
 		limit = defaultFairnessLimit
 	}

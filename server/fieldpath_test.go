@@ -51,18 +51,16 @@ func pathInSchema(md protoreflect.MessageDescriptor, path string) error {
 	return nil
 }
 
-// Every validation refusal of a request with nested fields names the
-// refused field by its path in the request as the JSON spells it, from
-// the request's root (policy.holdTtl, policy.dimensions[0].burst,
-// routes[1].route, receipts[1].reservationId), first in the message,
-// whichever layer decided it (the door's text check, PolicyFromProto, the
-// ledger's Policy.Validate, NewRollout, the shard receipts' check): it
-// said policy.subject but holdTtl and "tokens: burst". One row per check
-// of those layers; each path is looked up in the request's schema.
-// Over gRPC the message is the same text.
-func TestValidationMessagesNameARequestPath(t *testing.T) {
-	h := newHarness(t, harnessOptions{shards: true})
-	h.ok("PublishPolicy", tokensPolicy, "")
+// validationRefusal is one validation refusal: a request to method
+// (service/method) with a JSON body, and the message it is refused with.
+type validationRefusal struct {
+	method, body, message string
+}
+
+// validationRefusals is one request per check of every layer that refuses
+// a field (TestValidationMessagesNameARequestPath); a server with shards
+// and tokensPolicy published answers each so.
+func validationRefusals() []validationRefusal {
 	policy := func(terms, dimensions string) string {
 		if dimensions == "" {
 			dimensions = `{"unit":"tokens","burst":"10"}`
@@ -87,9 +85,7 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 		reconcileM = "ShardService/ReconcileShard"
 		issue      = "ShardService/IssueShard"
 	)
-	for _, c := range []struct {
-		method, body, message string
-	}{
+	return []validationRefusal{
 		// PublishPolicy: PolicyFromProto.
 		{publish, `{}`, "policy is required"},
 		{publish, policy(`,"schema":"other.v2"`, ""), `policy.schema "other.v2": want admissionBudget.v1 (or leave it out)`},
@@ -149,7 +145,22 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 		{reconcileM, reconcile(`{"reservationId":"a","state":"RESERVATION_STATE_RELEASED","reservedUnits":{"tokens":-1}}`), `receipts[0].reservedUnits: "tokens" is negative (-1)`},
 		{"ShardService/GetShard", `{"shardId":"s","receiptIds":[` + strings.TrimSuffix(strings.Repeat(`"a",`, 10001), ",") + `]}`, "receiptIds: 10001 given; at most 10000 per call"},
 		{issue, `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"9999999999s"}`, "ttl 9999999999s is longer than the maximum 9223372036s (about 292 years)"},
-	} {
+	}
+}
+
+// Every validation refusal of a request with nested fields names the
+// refused field by its path in the request as the JSON spells it, from
+// the request's root (policy.holdTtl, policy.dimensions[0].burst,
+// routes[1].route, receipts[1].reservationId), first in the message,
+// whichever layer decided it (the door's text check, PolicyFromProto, the
+// ledger's Policy.Validate, NewRollout, the shard receipts' check): it
+// said policy.subject but holdTtl and "tokens: burst". One row per check
+// of those layers; each path is looked up in the request's schema.
+// Over gRPC the message is the same text.
+func TestValidationMessagesNameARequestPath(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, c := range validationRefusals() {
 		req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.method, strings.NewReader(c.body))
 		if err != nil {
 			t.Fatal(err)
@@ -183,15 +194,18 @@ func TestValidationMessagesNameARequestPath(t *testing.T) {
 
 	// The same text over gRPC (protobuf), for a policy refused at each layer.
 	client := h.grpcClient(connect.WithGRPC())
-	for _, body := range []string{policy(`,"holdTtl":"0.05s"`, ""), dim(`,"maxReservation":"11"`), `{"policy":{"subject":"t\u0000","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`} {
+	for _, c := range validationRefusals() {
+		if !strings.HasPrefix(c.message, "policy.holdTtl 0.050s") && !strings.HasPrefix(c.message, "policy.dimensions[0].maxReservation") && !strings.HasPrefix(c.message, "policy.subject contains") {
+			continue
+		}
 		var msg v1.PublishPolicyRequest
-		if err := protojson.Unmarshal([]byte(body), &msg); err != nil {
+		if err := protojson.Unmarshal([]byte(c.body), &msg); err != nil {
 			t.Fatal(err)
 		}
-		r := h.call("PublishPolicy", body, "")
+		r := h.call("PublishPolicy", c.body, "")
 		_, err := client.PublishPolicy(context.Background(), connect.NewRequest(&msg))
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || err.(*connect.Error).Message() != r.body["message"] {
-			t.Errorf("gRPC %s: %v, want the JSON answer's message %q", body, err, r.body["message"])
+			t.Errorf("gRPC %s: %v, want the JSON answer's message %q", c.body, err, r.body["message"])
 		}
 	}
 }

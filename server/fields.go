@@ -110,7 +110,7 @@ func unitNameProblem(field, name string) *connect.Error {
 	if problem == "" {
 		return nil
 	}
-	return invalidArgument(ReasonInvalidCommand, "%s: a unit name %s", field, problem)
+	return invalidField(ReasonInvalidCommand, field, ": a unit name %s", problem)
 }
 
 // unmappedUnitName is the answer to a unit name that the generation a
@@ -124,9 +124,9 @@ func unitNameProblem(field, name string) *connect.Error {
 // asked (API.md, "Errors"), as the door's own check of the same map does.
 func unmappedUnitName(field, name string, p *ledger.Policy) *connect.Error {
 	if problem := ledger.TextProblem(name, ledger.MaxUnitBytes); problem != "" {
-		return invalidArgument(ReasonInvalidCommand, "%s: a unit name %s", field, problem)
+		return invalidField(ReasonInvalidCommand, field, ": a unit name %s", problem)
 	}
-	return invalidArgument(ReasonUnknownUnit, "%s: unknown unit %q: policy generation %d limits %s", field, name, p.Generation, unitList(p))
+	return invalidField(ReasonUnknownUnit, field, ": unknown unit %q: policy generation %d limits %s", name, p.Generation, unitList(p))
 }
 
 // notText are the string fields of requests that textFields leaves out
@@ -218,13 +218,13 @@ func textProblemAt(m protoreflect.Message, path string) *connect.Error {
 			list := m.Get(fd).List()
 			for j := 0; j < list.Len(); j++ {
 				if problem := ledger.TextProblem(list.Get(j).String(), p.rules[i].max); problem != "" {
-					return invalidArgument(p.reason, "%s %s", ledger.ItemPath(ledger.FieldPath(path, fd.JSONName()), j), problem)
+					return invalidField(p.reason, ledger.ItemPath(ledger.FieldPath(path, fd.JSONName()), j), "%s", problem)
 				}
 			}
 			continue
 		}
 		if problem := ledger.TextProblem(m.Get(fd).String(), p.rules[i].max); problem != "" {
-			return invalidArgument(p.reason, "%s %s", ledger.FieldPath(path, fd.JSONName()), problem)
+			return invalidField(p.reason, ledger.FieldPath(path, fd.JSONName()), "%s", problem)
 		}
 	}
 	for i, fd := range p.units {

@@ -165,7 +165,7 @@ func outcomeLabel(res *ledger.Result) string {
 // shard-local ledger applies too.
 func checkID(field, id string) *connect.Error {
 	if p := ledger.IDProblem(id); p != "" {
-		return invalidArgument(ReasonInvalidCommand, "%s %s", field, p)
+		return invalidField(ReasonInvalidCommand, field, "%s", p)
 	}
 	return nil
 }
@@ -175,7 +175,7 @@ func checkID(field, id string) *connect.Error {
 // a malformed request rather than an unknown generation (404).
 func checkGeneration(field string, generation uint64) *connect.Error {
 	if generation == 0 {
-		return invalidArgument(ReasonInvalidCommand, "%s: 0 names no policy generation (they count from 1; a field left out reads as 0)", field)
+		return invalidField(ReasonInvalidCommand, field, ": 0 names no policy generation (they count from 1; a field left out reads as 0)")
 	}
 	return nil
 }
@@ -353,13 +353,13 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	// tombstone) rather than DIGEST_MISMATCH or a replay, and before the
 	// scope, so it is not NO_POLICY either (API.md, "Order of checks").
 	region := regionOrDefault(req.GetRegion())
-	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != "" {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != nil {
+		return cmd, nil, refuseField(ReasonInvalidCommand, problem)
 	}
 	// A caller's digest in the records' space is refused (by the ledger's
 	// rule, here so that it is INVALID_COMMAND before scope and policy).
 	if problem := ledger.ReserveDigestProblem(req.GetRequestDigest()); problem != "" {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "requestDigest: %s", problem)
+		return cmd, nil, invalidField(ReasonInvalidCommand, "requestDigest", ": %s", problem)
 	}
 	digest := req.GetRequestDigest()
 	if digest == "" {
@@ -607,9 +607,9 @@ func (s *Server) batchFailed(kind ledger.Kind, items int, cerr *connect.Error) *
 func checkBatchSize(n int) *connect.Error {
 	switch {
 	case n == 0:
-		return invalidArgument(ReasonInvalidCommand, "requests: a batch needs at least one item (the field is missing, null or empty)")
+		return invalidField(ReasonInvalidCommand, "requests", ": a batch needs at least one item (the field is missing, null or empty)")
 	case n > MaxBatchItems:
-		return invalidArgument(ReasonInvalidCommand, "requests: %d items in one batch; at most %d", n, MaxBatchItems)
+		return invalidField(ReasonInvalidCommand, "requests", ": %d items in one batch; at most %d", n, MaxBatchItems)
 	}
 	return nil
 }
@@ -702,8 +702,8 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	if missing := unstated(&p, &r.Reserved, req.GetActualUnits()); missing != "" {
-		return ledger.Command{}, invalidArgument(ReasonInvalidCommand,
-			"actualUnits must state the usage of every unit it reserved (0 when none was used); missing %s", missing)
+		return ledger.Command{}, invalidField(ReasonInvalidCommand, "actualUnits",
+			"must state the usage of every unit it reserved (0 when none was used); missing %s", missing)
 	}
 	// The units are mapped by r's generation, and a scoped caller was
 	// checked against r's account: the ledger settles r or nothing
@@ -886,10 +886,10 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error) {
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
 	if problem := oneSubjectProblem(key.Subject); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, invalidField(ReasonInvalidCommand, "subject", "%s", problem)
 	}
 	if key.Route == "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "route is required")
+		return nil, invalidField(ReasonInvalidCommand, "route", "is required")
 	}
 	if s.outOfScope(ctx, "get account", key.Subject, key.Route, "", "") {
 		// Answered as a subject that never reserved.

@@ -30,11 +30,11 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 	query := queryDigest(m.GetSubject(), m.GetRoute(), m.GetRegion())
 	plain, err := s.unsealPage(ctx, "ListPolicies", m.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	after, err := parsePolicyToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
+		return nil, invalidField(ReasonInvalidCommand, "pageToken", ": %v", err)
 	}
 	resp := &v1.ListPoliciesResponse{}
 	if !policyFilterInScope(ctx, m.GetSubject(), m.GetRoute()) {

@@ -44,8 +44,8 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 		return cmd, nil, cerr
 	}
 	region := regionOrDefault(req.GetRegion())
-	if problem := ledger.RecordShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetActualUnits()))); problem != "" {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	if problem := ledger.RecordShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetActualUnits()))); problem != nil {
+		return cmd, nil, refuseField(ReasonInvalidCommand, problem)
 	}
 	cmd = ledger.Command{
 		Kind:          ledger.KindRecord,

@@ -297,7 +297,7 @@ func (sc *shadowCounts) report(route string) []*v1.ShadowComparison {
 // and "deny".
 func checkLegacyDecision(d string) *connect.Error {
 	if d != "" && d != legacyAllow && d != legacyDeny {
-		return invalidArgument(ReasonInvalidCommand, "legacyDecision %q is neither %q nor %q", d, legacyAllow, legacyDeny)
+		return invalidField(ReasonInvalidCommand, "legacyDecision", "%q is neither %q nor %q", d, legacyAllow, legacyDeny)
 	}
 	return nil
 }
@@ -509,7 +509,7 @@ func checkRolloutName(name string) *connect.Error {
 func share(percent float64) (ledger.BasisPoints, *connect.Error) {
 	bp := math.Round(percent * 100)
 	if math.IsNaN(percent) || percent < 0 || percent > 100 || bp/100 != percent {
-		return 0, invalidArgument(ReasonInvalidRollout, "percent %v: want 0 to 100 in steps of 0.01 (at most two decimals)", percent)
+		return 0, invalidField(ReasonInvalidRollout, "percent", "%v: want 0 to 100 in steps of 0.01 (at most two decimals)", percent)
 	}
 	return ledger.BasisPoints(bp), nil
 }
@@ -687,7 +687,7 @@ func drainsError(ctx context.Context, applied int, err error) *connect.Error {
 // DrainProgress's generations: 1 to MaxRollbackGenerations of them, none 0.
 func checkGenerations(gens []uint64) *connect.Error {
 	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
-		return invalidArgument(ReasonInvalidCommand, "generations: %d given; give 1 to %d", len(gens), MaxRollbackGenerations)
+		return invalidField(ReasonInvalidCommand, "generations", ": %d given; give 1 to %d", len(gens), MaxRollbackGenerations)
 	}
 	for i, g := range gens {
 		if cerr := checkGeneration(ledger.ItemPath("generations", i), g); cerr != nil {

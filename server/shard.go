@@ -202,11 +202,11 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	// The rest of the shape, by the ledger's own rule, before the scope
 	// and the shard id (API.md, "Order of checks"), as for a Reserve.
 	region := regionOrDefault(m.GetRegion())
-	if problem := ledger.ShardShapeProblem(m.GetSubject(), m.GetRoute(), region, m.GetBootEpoch(), ttl, slices.Collect(maps.Values(m.GetUnits()))); problem != "" {
-		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%s", problem))
+	if problem := ledger.ShardShapeProblem(m.GetSubject(), m.GetRoute(), region, m.GetBootEpoch(), ttl, slices.Collect(maps.Values(m.GetUnits()))); problem != nil {
+		return nil, svc.refused(ledger.KindShardIssue, refuseField(ReasonInvalidCommand, problem))
 	}
 	if ttl > svc.maxTTL {
-		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ledger.DurationText(ttl), ledger.DurationText(svc.maxTTL)))
+		return nil, svc.refused(ledger.KindShardIssue, invalidField(ReasonInvalidCommand, "ttl", "%s is outside (0, %s]", ledger.DurationText(ttl), ledger.DurationText(svc.maxTTL)))
 	}
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	if cerr := svc.s.subjectOutOfScope(ctx, "issue shard", key); cerr != nil {
@@ -281,7 +281,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	}
 	ids := req.Msg.GetReceiptIds()
 	if len(ids) > maxShardStandings {
-		return nil, invalidArgument(ReasonInvalidCommand, "receiptIds: %d given; at most %d per call", len(ids), maxShardStandings)
+		return nil, invalidField(ReasonInvalidCommand, "receiptIds", ": %d given; at most %d per call", len(ids), maxShardStandings)
 	}
 	// An empty id names no receipt: refused, not answered NOT_PENDING.
 	for i, id := range ids {
@@ -322,7 +322,7 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
 	if problem := subjectFilterProblem(req.Msg.GetSubject()); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, invalidField(ReasonInvalidCommand, "subject", "%s", problem)
 	}
 	all, err := svc.reads.Shards(ctx)
 	if err != nil {
@@ -380,7 +380,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
-		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipts: %d given; at most %d per submission", len(m.GetReceipts()), maxShardReceipts))
+		return nil, svc.refused(ledger.KindShardReconcile, invalidField(ReasonInvalidCommand, "receipts", ": %d given; at most %d per submission", len(m.GetReceipts()), maxShardReceipts))
 	}
 	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
@@ -529,9 +529,9 @@ func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withR
 // ("receipts[0].state is required").
 func receiptStateProblem(i int, s v1.ReservationState) *connect.Error {
 	if s == v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
-		return invalidArgument(ReasonInvalidCommand, "%s is required", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"))
+		return invalidField(ReasonInvalidCommand, ledger.FieldPath(ledger.ItemPath("receipts", i), "state"), "is required")
 	}
-	return invalidArgument(ReasonInvalidCommand, "%s %s is no reservation state", ledger.FieldPath(ledger.ItemPath("receipts", i), "state"), s)
+	return invalidField(ReasonInvalidCommand, ledger.FieldPath(ledger.ItemPath("receipts", i), "state"), "%s is no reservation state", s)
 }
 
 // stateFromProto is the inverse of stateToProto for the states a receipt

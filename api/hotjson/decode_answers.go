@@ -159,6 +159,8 @@ func (d *decoder) itemError(m *v1.ItemError) bool {
 					return d.once(&inner, 1) && d.str(&m.Detail.Reason)
 				case "reservation":
 					return d.once(&inner, 2) && d.reservation(&m.Detail.Reservation)
+				case "field":
+					return d.once(&inner, 4) && d.str(&m.Detail.Field)
 				}
 				return false
 			})

@@ -224,6 +224,7 @@ func (e *encoder) itemError(m *v1.ItemError) {
 		e.open()
 		e.string("reason", m.Detail.Reason)
 		e.reservation("reservation", m.Detail.Reservation)
+		e.string("field", m.Detail.Field)
 		e.close()
 	}
 	e.close()

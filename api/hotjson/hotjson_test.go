@@ -103,7 +103,7 @@ func (g gen) rejection() *v1.RejectionDetail {
 func (g gen) itemError() *v1.ItemError {
 	e := &v1.ItemError{Code: g.str(), Message: g.str(), Rejection: g.rejection()}
 	if g.r.IntN(2) == 0 {
-		e.Detail = &v1.ErrorDetail{Reason: g.str(), Reservation: g.reservation()}
+		e.Detail = &v1.ErrorDetail{Reason: g.str(), Reservation: g.reservation(), Field: g.str()}
 	}
 	return e
 }

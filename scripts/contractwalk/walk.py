@@ -97,6 +97,39 @@ def reason(j):
         return None
 
 
+def detail_field(j):
+    """ErrorDetail.field (3) of an error's first detail, decoded from its
+    protobuf value (base64 without padding) as a client in another
+    language would, not from debug; '' when absent, None for no detail."""
+    try:
+        value = j['details'][0]['value']
+    except Exception:
+        return None
+    import base64
+    raw = base64.b64decode(value + '=' * (-len(value) % 4))
+    i = 0
+
+    def varint():
+        nonlocal i
+        n = shift = 0
+        while True:
+            byte = raw[i]
+            i += 1
+            n |= (byte & 0x7f) << shift
+            shift += 7
+            if byte < 0x80:
+                return n
+    while i < len(raw):
+        key = varint()
+        if key & 7 != 2:  # every ErrorDetail field is length-delimited
+            return None
+        n = varint()
+        if key >> 3 == 3:
+            return raw[i:i + n].decode()
+        i += n
+    return ''
+
+
 def check(name, cond, info=''):
     N[0] += 1
     if not cond:

@@ -849,7 +849,16 @@ type ErrorDetail struct {
 	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
 	// For state errors: the reservation as it is now (so a caller sees, for
 	// instance, that it was already settled and with what usage).
-	Reservation   *Reservation `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	Reservation *Reservation `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// For a validation refusal (INVALID_COMMAND, INVALID_POLICY,
+	// INVALID_ROLLOUT, UNKNOWN_UNIT): the path of the refused field in the
+	// request as its JSON spells it, exactly as the message starts with it
+	// ("policy.dimensions[1].burst", "receipts[2].reservationId", "ttl";
+	// "actualUnits" for a units map). Within a ReserveBatch or SettleBatch
+	// item's error it is relative to the item, as the item's message is.
+	// Empty for every other reason, and for a refusal of the request as a
+	// whole (docs/API.md, "Field paths").
+	Field         string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -896,6 +905,13 @@ func (x *ErrorDetail) GetReservation() *Reservation {
 		return x.Reservation
 	}
 	return nil
+}
+
+func (x *ErrorDetail) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
 }
 
 type PublishPolicyRequest struct {
@@ -3529,10 +3545,11 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x12limiting_dimension\x18\x02 \x01(\tR\x11limitingDimension\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"b\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"x\n" +
 	"\vErrorDetail\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12;\n" +
-	"\vreservation\x18\x02 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\"e\n" +
+	"\vreservation\x18\x02 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\"e\n" +
 	"\x14PublishPolicyRequest\x12,\n" +
 	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\x12\x1f\n" +
 	"\vedited_from\x18\x02 \x01(\x04R\n" +

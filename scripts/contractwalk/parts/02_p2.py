@@ -32,6 +32,9 @@ expect('release started RESERVATION_ALREADY_STARTED', call('Release', {"reservat
 expect('settle missing reserved unit', call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": 100}}, token=GWA), 400, 'invalid_argument', 'INVALID_COMMAND')
 print('missing unit msg', call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": 100}}, token=GWA)[3])
 expect('settle unknown unit', call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": 100, "requests": 1, "gpus": 1}}, token=GWA), 400, 'invalid_argument', 'UNKNOWN_UNIT', 'actualUnits: unknown unit "gpus": policy generation %s limits "tokens", "requests"' % G)
+# API.md, "Field paths": UNKNOWN_UNIT's ErrorDetail.field is the units map.
+res = call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": 100, "requests": 1, "gpus": 1}}, token=GWA)
+check('settle unknown unit: ErrorDetail.field actualUnits', detail_field(res[1]) == 'actualUnits', res[3][:300])
 expect('settle op mismatch', call('Settle', {"reservationId": R2, "operationId": "opX", "actualUnits": {"tokens": 100, "requests": 1}}, token=GWA), 400, 'failed_precondition', 'OPERATION_MISMATCH')
 expect('settle > 2^53', call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": "9007199254740993", "requests": 1}}, token=GWA), 400, 'invalid_argument', 'INVALID_COMMAND')
 expect('settle negative', call('Settle', {"reservationId": R2, "operationId": "op2", "actualUnits": {"tokens": -1, "requests": 1}}, token=GWA), 400, 'invalid_argument', 'INVALID_COMMAND')

@@ -26,6 +26,11 @@ check('item3 admitted (7 of the 10 left)', 'ok' in o[3], o[3])
 check('item8 insufficient, no retryAfter (beyond burst - reserved)', o[8].get('error', {}).get('rejection', {}).get('reason') == 'INSUFFICIENT_CAPACITY' and 'retryAfter' not in o[8]['error']['rejection'], o[8])
 check('item4 invalid, message without path', o[4].get('error', {}).get('code') == 'invalid_argument' and o[4]['error'].get('message') == 'reservationId is required', o[4])
 check('item5 unknown unit', o[5].get('error', {}).get('detail', {}).get('reason') == 'UNKNOWN_UNIT', o[5])
+# API.md, "Field paths": an item's ErrorDetail.field is within the item, as
+# its message is; a refusal that is no validation refusal has none.
+check('item4 detail field within the item', o[4].get('error', {}).get('detail', {}).get('field') == 'reservationId', o[4])
+check('item5 detail field the units map', o[5].get('error', {}).get('detail', {}).get('field') == 'units', o[5])
+check('item6 no policy: no field', 'field' not in o[6].get('error', {}).get('detail', {}), o[6])
 check('item6 no policy', o[6].get('error', {}).get('code') == 'not_found' and o[6]['error'].get('detail', {}).get('reason') == 'NO_POLICY' and o[6]['error'].get('message') == 'no active policy: tenant-a/none%s/chat.generate@global' % RUN, o[6])
 check('item7 too large', o[7].get('error', {}).get('rejection', {}).get('reason') == 'RESERVATION_TOO_LARGE', o[7])
 # item3 Retry-After check: need 7, available 10 -> wait, 100-90=10 so 7 fits?

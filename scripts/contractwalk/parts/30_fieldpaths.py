@@ -2,13 +2,15 @@
 # nested fields names the refused field first, by its path from the
 # request's root as the JSON spells it (policy.holdTtl,
 # policy.dimensions[1].burst, routes[1].route, receipts[1].reservationId),
-# whichever check decided it; the path is a field of the request.
+# whichever check decided it; the path is a field of the request. The
+# ErrorDetail carries the same path in its field (3), exactly.
 RUN = str(int(time.time())) + 'f'
 def fp(name, method, res, msg, rsn, svc='LedgerService'):
     s, j, h, b = res
     expect(name, res, 400, 'invalid_argument', rsn, msg, 'exact')
     m = (j or {}).get('message')
     check(name + ': path of the request', leading_path(method, m), m)
+    check(name + ': ErrorDetail.field is the path', detail_field(j) == leading_path(method, m), (detail_field(j), m))
 P = lambda pol: call('PublishPolicy', {"policy": pol})
 T = {"unit": "tokens", "burst": 10}
 sub = 'tenant-a/fp' + RUN
