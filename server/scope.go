@@ -129,6 +129,12 @@ func parseScope(fields []string) (Scope, error) {
 			if p == "" {
 				return sc, fmt.Errorf("%s: empty pattern", name)
 			}
+			// Matching steps over runes: a pattern that is not UTF-8 (a
+			// tokens file saved in Latin-1) could match part of another
+			// character of a subject, so it is refused, not guessed at.
+			if !utf8.ValidString(p) {
+				return sc, fmt.Errorf("%s: pattern %q is not valid UTF-8", name, p)
+			}
 		}
 		if name == "subjects" {
 			sc.Subjects = patterns

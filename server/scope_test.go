@@ -244,6 +244,8 @@ func TestTokenScopeParsingAndMatching(t *testing.T) {
 		gwAToken + " gateway gw-a subjects=\n",             // empty
 		gwAToken + " gateway gw-a subjects=a subjects=b\n", // twice
 		gwAToken + " reader gw-a\n",                        // unknown role
+		gwAToken + " gateway gw-a subjects=t-\xe9*\n",      // Latin-1, not UTF-8
+		gwAToken + " gateway gw-a routes=chat.\xc3?\n",     // a cut rune
 	} {
 		if _, err := server.ParseTokens(strings.NewReader(bad)); err == nil {
 			t.Errorf("accepted %q", bad)
