@@ -93,7 +93,9 @@ To edit a live policy, get its active generation, edit, publish:
   capledger policy get 3 --format yaml > tenant-7.yaml
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
 What get prints of the active generation publishes unchanged in either
-form (a replay of it). A file also takes the API's JSON spellings (rollout
+form (a replay of it). The yaml form leaves out a maxReservation equal to
+its burst (the default), so it follows the burst as edited; the json form
+writes it always (change it with the burst, or delete its line). A file also takes the API's JSON spellings (rollout
 ROLLOUT_MODE_SHADOW, int64s as strings: "1000") and ignores the fields the
 server sets (publishedAt, active, rolledBack, rolloutNow). Its "generation"
 is the one it was edited from: publish refuses it (exit 4, reason
@@ -472,7 +474,11 @@ func parsePolicyFile(name string, data []byte) (*v1.Policy, uint64, error) {
 
 // policyFileOf renders a published policy in the file form, so that it can
 // be edited and published again: with its generation, which publish then
-// sends as the generation the file was edited from.
+// sends as the generation the file was edited from. A dimension's
+// maxReservation equal to its burst, the default a file that leaves it out
+// gets, is left out: written, it would pin the old burst, and a file whose
+// burst alone was lowered would be refused (maxReservation above burst).
+// Left out, it follows the burst as edited; one below the burst is written.
 func policyFileOf(p *v1.Policy) policyFile {
 	f := policyFile{
 		Schema:          p.GetSchema(),
@@ -497,8 +503,11 @@ func policyFileOf(p *v1.Policy) policyFile {
 		f.Dimensions = append(f.Dimensions, dimensionFile{
 			Unit: d.GetUnit(), Burst: yamlfile.Int64(d.GetBurst()), RefillUnits: yamlfile.Int64(d.GetRefillUnits()),
 			RefillInterval: fileDurationOf(d.GetRefillInterval()),
-			MaxReservation: yamlfile.Int64(d.GetMaxReservation()), MaxOverdraft: yamlfile.Int64(d.GetMaxOverdraft()),
+			MaxOverdraft:   yamlfile.Int64(d.GetMaxOverdraft()),
 		})
+		if d.GetMaxReservation() != d.GetBurst() {
+			f.Dimensions[len(f.Dimensions)-1].MaxReservation = yamlfile.Int64(d.GetMaxReservation())
+		}
 	}
 	return f
 }
