@@ -578,18 +578,24 @@ func (d describedError) Unwrap() error { return d.cause }
 // errorDetailReason returns the reason of the ErrorDetail a server error
 // carries (POLICY_GENERATION_CHANGED, ...), "" when it carries none.
 func errorDetailReason(err error) string {
+	return errorDetail(err).GetReason()
+}
+
+// errorDetail returns the ErrorDetail a server error carries, nil when it
+// carries none.
+func errorDetail(err error) *v1.ErrorDetail {
 	var cerr *connect.Error
 	if !errors.As(err, &cerr) {
-		return ""
+		return nil
 	}
 	for _, d := range cerr.Details() {
 		if m, derr := d.Value(); derr == nil {
 			if detail, ok := m.(*v1.ErrorDetail); ok {
-				return detail.GetReason()
+				return detail
 			}
 		}
 	}
-	return ""
+	return nil
 }
 
 // clientCertificateAlerts are the TLS alerts a server sends about the

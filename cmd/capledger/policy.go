@@ -59,7 +59,8 @@ Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 giving both is refused. An unknown field, a key spelt in another case than
 its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), a key given
 twice or a value its field does not take ("burst: 10x") is an error
-naming its line and field:
+naming its line and field, and so is a term the server refuses
+("maxReservation 11 is outside (0, burst 10]"):
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -133,6 +134,14 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		if errorDetailReason(err) == server.ReasonGenerationChanged {
 			return fmt.Errorf("%w\n%s names generation %d, the one it was edited from: get the active generation and edit that, or delete the generation line to publish the file over it", err, positional[0], editedFrom)
+		}
+		// A refused term: the message names its path in the request
+		// (ErrorDetail.field, policy.dimensions[1].burst); say where the
+		// file has it.
+		if path, ok := strings.CutPrefix(errorDetail(err).GetField(), "policy."); ok {
+			if line := yamlfile.LineOf(data, path); line > 0 {
+				return fmt.Errorf("%w\n%s line %d: %s", err, positional[0], line, path)
+			}
 		}
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -273,12 +274,19 @@ func TestPolicyGetYAMLLetsTheBurstAloneBeEdited(t *testing.T) {
 		}
 	}
 	// Lowered below it, the tokens' own maxReservation is refused naming
-	// it, and nothing is published.
+	// it (ErrorDetail.field) and its line in the file, and nothing is
+	// published.
 	gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
 	active := gen[len(gen)-1].(map[string]any)["generation"].(string)
 	before := run(exitOK, "policy", "get", active, "--format", "yaml")
-	code, out, errOut := policyCLI(t, bin, srv.url, "policy", "publish", writeFile(t, dir, "below.yaml", strings.Replace(before, "burst: 900\n", "burst: 500\n", 1)))
-	if code != exitUsage || !strings.Contains(errOut, "policy.dimensions[0].maxReservation 800 is outside (0, burst 500]") {
-		t.Errorf("burst lowered below an explicit maxReservation: exit %d\n%s%s", code, out, errOut)
+	below := writeFile(t, dir, "below.yaml", strings.Replace(before, "burst: 900\n", "burst: 500\n", 1))
+	line := 1 + strings.Count(before[:strings.Index(before, "maxReservation: 800")], "\n")
+	code, out, errOut := policyCLI(t, bin, srv.url, "policy", "publish", below)
+	if code != exitUsage || !strings.Contains(errOut, "policy.dimensions[0].maxReservation 800 is outside (0, burst 500]") ||
+		!strings.Contains(errOut, fmt.Sprintf("%s line %d: dimensions[0].maxReservation", below, line)) {
+		t.Errorf("burst lowered below an explicit maxReservation: exit %d, want %d naming the field and line %d of the file\n%s%s", code, exitUsage, line, out, errOut)
+	}
+	if again := run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"); !strings.Contains(again, `"generation": "`+active+`"`) || strings.Count(again, `"generation"`) != len(gen) {
+		t.Errorf("the refused file published something:\n%s", again)
 	}
 }
