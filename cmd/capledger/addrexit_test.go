@@ -36,6 +36,17 @@ func TestCLIAddressExitCodesAgree(t *testing.T) {
 			}
 		}
 	}
+	// reserve and record print a minted id to retry with only for a call
+	// they send: a malformed --addr is refused before.
+	for _, args := range [][]string{
+		{"reserve", "--subject", "s", "--route", "r", "--units", "tokens=1"},
+		{"record", "--subject", "s", "--route", "r", "--units", "tokens=1"},
+	} {
+		code, out, errOut := cli(t, "http://[::1", args...)
+		if code != exitUsage || strings.Contains(errOut, "retry with --id") {
+			t.Errorf("capledger %s --addr http://[::1: exit %d (want %d), or an id to retry a call never sent:\n%s%s", args[0], code, exitUsage, out, errOut)
+		}
+	}
 }
 
 // The flag package's own words about a flag spell it with one dash
