@@ -152,6 +152,15 @@ type LedgerError struct {
 	Reason string
 	// Reservation is the reservation as it is now, for state errors.
 	Reservation *ledgerv1.Reservation
+	// Field is the ErrorDetail field of a validation refusal
+	// (INVALID_COMMAND, INVALID_POLICY, INVALID_ROLLOUT, UNKNOWN_UNIT): the
+	// path of the refused field in the request as its JSON spells it
+	// ("policy.dimensions[1].burst", "receipts[2].reservationId"), the
+	// words the server's message starts with; within a ReserveBatch or
+	// SettleBatch item's error, relative to the item ("reservationId").
+	// Empty for every other answer, and for a refusal of the request as a
+	// whole (docs/API.md, "Field paths").
+	Field string
 	// Err is the underlying connect error.
 	Err error
 }
@@ -255,6 +264,7 @@ func classify(op, id string, err error) error {
 				if ed, ok := v.(*ledgerv1.ErrorDetail); ok {
 					le.Reason = ed.GetReason()
 					le.Reservation = ed.GetReservation()
+					le.Field = ed.GetField()
 				}
 			}
 		}

@@ -556,7 +556,8 @@ func itemError(op, id string, ie *ledgerv1.ItemError) error {
 	if err := code.UnmarshalText([]byte(ie.GetCode())); err != nil {
 		code = connect.CodeUnknown
 	}
-	return &LedgerError{Op: op, Code: code, Reason: ie.GetDetail().GetReason(), Reservation: ie.GetDetail().GetReservation(), Err: errors.New(ie.GetMessage())}
+	return &LedgerError{Op: op, Code: code, Reason: ie.GetDetail().GetReason(), Reservation: ie.GetDetail().GetReservation(),
+		Field: ie.GetDetail().GetField(), Err: errors.New(ie.GetMessage())}
 }
 
 // GetAccount returns every generation's account of one subject on a route

@@ -893,11 +893,12 @@ func TestCLITokenWithANewlineIsABadFlag(t *testing.T) {
 
 // status against an address that is not a capledger server's (a path
 // prefix, another service) printed "status: 404 Not Found <nil>": the
-// answer's status with a nil error pasted after it. It names what answered.
+// answer's status with a nil error pasted after it. It names what answered,
+// and exits 1, the bad --addr (TestCLIAddressExitCodesAgree).
 func TestCLIStatusNamesAnUnexpectedAnswer(t *testing.T) {
 	url := startInProcess(t)
 	code, out, errOut := cli(t, url+"/prefix", "status")
-	wantExit(t, exitUnavailable, code, out, errOut)
+	wantExit(t, exitUsage, code, out, errOut)
 	if strings.Contains(errOut, "<nil>") || !strings.Contains(errOut, "/prefix/statusz answered 404 Not Found") {
 		t.Errorf("status against a wrong path says:\n%s", errOut)
 	}

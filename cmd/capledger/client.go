@@ -283,9 +283,12 @@ type clientCertError struct{ err error }
 func (e *clientCertError) Error() string { return e.err.Error() }
 func (e *clientCertError) Unwrap() error { return e.err }
 
-// endpoint returns the base URL of --addr ("host:port" means http) and the
-// options that send --token as a bearer token on every call; a usageError
-// if --addr is neither http nor https or --timeout is not above 0.
+// endpoint returns the base URL of --addr ("host:port" means http; a
+// path, a proxy's prefix, is kept) and the options that send --token as a
+// bearer token on every call; a usageError if --addr is no http or https
+// URL with a host (or has a query or fragment, which no call could carry)
+// or --timeout is not above 0: a malformed address is a bad flag (exit
+// 1), never an unavailable server.
 func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 	if err := c.check(); err != nil {
 		return "", nil, err
@@ -294,8 +297,9 @@ func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 	if !strings.Contains(addr, "://") {
 		addr = "http://" + addr
 	}
-	if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
-		return "", nil, usagef("--addr %q: want http://host:port or https://host:port", c.addr)
+	u, err := url.Parse(addr)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return "", nil, usagef("--addr %q: want http://host:port or https://host:port (a path after it is kept)", c.addr)
 	}
 	var options []connect.ClientOption
 	if c.token != "" {
@@ -574,18 +578,24 @@ func (d describedError) Unwrap() error { return d.cause }
 // errorDetailReason returns the reason of the ErrorDetail a server error
 // carries (POLICY_GENERATION_CHANGED, ...), "" when it carries none.
 func errorDetailReason(err error) string {
+	return errorDetail(err).GetReason()
+}
+
+// errorDetail returns the ErrorDetail a server error carries, nil when it
+// carries none.
+func errorDetail(err error) *v1.ErrorDetail {
 	var cerr *connect.Error
 	if !errors.As(err, &cerr) {
-		return ""
+		return nil
 	}
 	for _, d := range cerr.Details() {
 		if m, derr := d.Value(); derr == nil {
 			if detail, ok := m.(*v1.ErrorDetail); ok {
-				return detail.GetReason()
+				return detail
 			}
 		}
 	}
-	return ""
+	return nil
 }
 
 // clientCertificateAlerts are the TLS alerts a server sends about the

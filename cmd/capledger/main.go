@@ -41,7 +41,8 @@ const (
 
 const exitCodesHelp = `Exit codes:
   0  ok
-  1  usage error (bad flags or arguments, invalid request, refused token);
+  1  usage error (bad flags or arguments, invalid request, refused token;
+     an --addr that is no URL, or where no capledger server answers: 404);
      also a damaged store (a SQLite file; PostgreSQL XX001/XX002),
      which no retry repairs
   2  rejected by capacity (HTTP 429 / RESOURCE_EXHAUSTED)
@@ -480,23 +481,38 @@ func unknownFlagTyped(args []string, kinds []argKind, name string) string {
 // flagValueError turns the flag package's `invalid value "5" for flag
 // -retention: parse error` into what the flag wants (`--retention "5":
 // want a duration with a unit, such as 500ms, 30s, 5m or 72h, of at most
-// 2562047h47m16.854775807s`); other
-// errors pass through as usage errors.
+// 2562047h47m16.854775807s`), and its other words about a flag into the
+// help's spelling of it, two dashes: `flag needs an argument: -route`
+// becomes `--route needs a value`, a value its flag refused for a reason
+// of its own `--name "value": reason`. Anything else passes through as a
+// usage error.
 func flagValueError(fs *flag.FlagSet, err error) error {
 	const suffix = ": parse error"
 	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return usagef("--%s needs a value", name)
+	}
 	prefix, marker := "invalid value ", " for flag -"
 	if strings.HasPrefix(msg, "invalid boolean value ") {
 		prefix, marker = "invalid boolean value ", " for -"
 	}
-	i := strings.LastIndex(msg, marker)
-	if !strings.HasPrefix(msg, prefix) || !strings.HasSuffix(msg, suffix) || i < len(prefix) {
+	if !strings.HasPrefix(msg, prefix) {
 		return usageError{msg}
 	}
-	name, value := msg[i+len(marker):len(msg)-len(suffix)], msg[len(prefix):i]
+	// The flag's name ends at the first ": " after the marker: a name
+	// holds no colon, the value before it may.
+	i := strings.LastIndex(msg, marker)
+	if i < len(prefix) {
+		return usageError{msg}
+	}
+	name, reason, _ := strings.Cut(msg[i+len(marker):], ": ")
+	value := msg[len(prefix):i]
 	f := fs.Lookup(name)
 	if f == nil {
 		return usageError{msg}
+	}
+	if reason != suffix[2:] {
+		return usagef("--%s %s: %s", name, value, reason)
 	}
 	want := ""
 	if g, ok := f.Value.(flag.Getter); ok {

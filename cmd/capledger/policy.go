@@ -59,7 +59,8 @@ Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 giving both is refused. An unknown field, a key spelt in another case than
 its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), a key given
 twice or a value its field does not take ("burst: 10x") is an error
-naming its line and field:
+naming its line and field, and so is a term the server refuses
+("maxReservation 11 is outside (0, burst 10]"):
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -93,7 +94,9 @@ To edit a live policy, get its active generation, edit, publish:
   capledger policy get 3 --format yaml > tenant-7.yaml
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
 What get prints of the active generation publishes unchanged in either
-form (a replay of it). A file also takes the API's JSON spellings (rollout
+form (a replay of it). The yaml form leaves out a maxReservation equal to
+its burst (the default), so it follows the burst as edited; the json form
+writes it always (change it with the burst, or delete its line). A file also takes the API's JSON spellings (rollout
 ROLLOUT_MODE_SHADOW, int64s as strings: "1000") and ignores the fields the
 server sets (publishedAt, active, rolledBack, rolloutNow). Its "generation"
 is the one it was edited from: publish refuses it (exit 4, reason
@@ -131,6 +134,14 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		if errorDetailReason(err) == server.ReasonGenerationChanged {
 			return fmt.Errorf("%w\n%s names generation %d, the one it was edited from: get the active generation and edit that, or delete the generation line to publish the file over it", err, positional[0], editedFrom)
+		}
+		// A refused term: the message names its path in the request
+		// (ErrorDetail.field, policy.dimensions[1].burst); say where the
+		// file has it.
+		if path, ok := strings.CutPrefix(errorDetail(err).GetField(), "policy."); ok {
+			if line := yamlfile.LineOf(data, path); line > 0 {
+				return fmt.Errorf("%w\n%s line %d: %s", err, positional[0], line, path)
+			}
 		}
 		return err
 	}
@@ -472,7 +483,11 @@ func parsePolicyFile(name string, data []byte) (*v1.Policy, uint64, error) {
 
 // policyFileOf renders a published policy in the file form, so that it can
 // be edited and published again: with its generation, which publish then
-// sends as the generation the file was edited from.
+// sends as the generation the file was edited from. A dimension's
+// maxReservation equal to its burst, the default a file that leaves it out
+// gets, is left out: written, it would pin the old burst, and a file whose
+// burst alone was lowered would be refused (maxReservation above burst).
+// Left out, it follows the burst as edited; one below the burst is written.
 func policyFileOf(p *v1.Policy) policyFile {
 	f := policyFile{
 		Schema:          p.GetSchema(),
@@ -497,8 +512,11 @@ func policyFileOf(p *v1.Policy) policyFile {
 		f.Dimensions = append(f.Dimensions, dimensionFile{
 			Unit: d.GetUnit(), Burst: yamlfile.Int64(d.GetBurst()), RefillUnits: yamlfile.Int64(d.GetRefillUnits()),
 			RefillInterval: fileDurationOf(d.GetRefillInterval()),
-			MaxReservation: yamlfile.Int64(d.GetMaxReservation()), MaxOverdraft: yamlfile.Int64(d.GetMaxOverdraft()),
+			MaxOverdraft:   yamlfile.Int64(d.GetMaxOverdraft()),
 		})
+		if d.GetMaxReservation() != d.GetBurst() {
+			f.Dimensions[len(f.Dimensions)-1].MaxReservation = yamlfile.Int64(d.GetMaxReservation())
+		}
 	}
 	return f
 }

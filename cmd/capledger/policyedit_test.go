@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -224,5 +225,68 @@ func TestPolicyFileTakesTheAPISpellings(t *testing.T) {
 	_, list, _ := policyCLI(t, bin, srv.url, "policy", "list")
 	if n := strings.Count(list, `"generation"`); n != 2 {
 		t.Fatalf("the refused files published: %d generations, want 2\n%s", n, list)
+	}
+}
+
+// The documented edit (get the active generation as YAML, change one
+// term, publish) works for a burst lowered as for one raised, through the
+// real binary against a real serve: a maxReservation equal to the burst
+// (the default of a file that leaves it out) is not written, so it
+// follows the burst as edited instead of pinning the old one (a lowered
+// burst below it was refused). One below the burst is written and kept.
+func TestPolicyGetYAMLLetsTheBurstAloneBeEdited(t *testing.T) {
+	bin := buildBinary(t)
+	srv := startServer(t, bin, t.TempDir())
+	dir := t.TempDir()
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := policyCLI(t, bin, srv.url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out
+	}
+	run(exitOK, "policy", "publish", writeFile(t, dir, "tenant-7.yaml", policyWithEveryField))
+	gotYAML := run(exitOK, "policy", "get", "1", "--format", "yaml")
+	if !strings.Contains(gotYAML, "maxReservation: 800") || strings.Count(gotYAML, "maxReservation") != 1 {
+		t.Errorf("policy get wrote maxReservation other than once, for the tokens' 800 below their burst:\n%s", gotYAML)
+	}
+	for _, edit := range []struct{ from, to string }{
+		{"burst: 10\n", "burst: 4\n"},     // requests, lowered
+		{"burst: 4\n", "burst: 20\n"},     // raised again
+		{"burst: 5\n", "burst: 3\n"},      // images, lowered
+		{"burst: 1000\n", "burst: 900\n"}, // tokens, lowered, still above their maxReservation
+	} {
+		gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
+		active := gen[len(gen)-1].(map[string]any)["generation"].(string)
+		before := run(exitOK, "policy", "get", active, "--format", "yaml")
+		edited := strings.Replace(before, edit.from, edit.to, 1)
+		if edited == before {
+			t.Fatalf("no %q in generation %s's file:\n%s", edit.from, active, before)
+		}
+		published := publishedPolicy(t, run(exitOK, "policy", "publish", writeFile(t, dir, "edited.yaml", edited)))
+		for _, d := range published["dimensions"].([]any) {
+			dim := d.(map[string]any)
+			if dim["unit"] == "tokens" && dim["maxReservation"] != "800" {
+				t.Errorf("after %q: the tokens' maxReservation is %v, want 800 kept", edit.to, dim["maxReservation"])
+			}
+			if dim["unit"] != "tokens" && dim["maxReservation"] != dim["burst"] {
+				t.Errorf("after %q: %v's maxReservation %v, want its burst %v", edit.to, dim["unit"], dim["maxReservation"], dim["burst"])
+			}
+		}
+	}
+	// Lowered below it, the tokens' own maxReservation is refused naming
+	// it (ErrorDetail.field) and its line in the file, and nothing is
+	// published.
+	gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
+	active := gen[len(gen)-1].(map[string]any)["generation"].(string)
+	before := run(exitOK, "policy", "get", active, "--format", "yaml")
+	below := writeFile(t, dir, "below.yaml", strings.Replace(before, "burst: 900\n", "burst: 500\n", 1))
+	line := 1 + strings.Count(before[:strings.Index(before, "maxReservation: 800")], "\n")
+	code, out, errOut := policyCLI(t, bin, srv.url, "policy", "publish", below)
+	if code != exitUsage || !strings.Contains(errOut, "policy.dimensions[0].maxReservation 800 is outside (0, burst 500]") ||
+		!strings.Contains(errOut, fmt.Sprintf("%s line %d: dimensions[0].maxReservation", below, line)) {
+		t.Errorf("burst lowered below an explicit maxReservation: exit %d, want %d naming the field and line %d of the file\n%s%s", code, exitUsage, line, out, errOut)
+	}
+	if again := run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"); !strings.Contains(again, `"generation": "`+active+`"`) || strings.Count(again, `"generation"`) != len(gen) {
+		t.Errorf("the refused file published something:\n%s", again)
 	}
 }

@@ -193,13 +193,13 @@ func runReserve(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	client, err := cf.client() // a bad --addr first: no id to retry with is printed for a call never sent
+	if err != nil {
+		return err
+	}
 	if *id == "" {
 		*id = ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
 		fmt.Fprintf(e.stderr, "reservation id %s (retry with --id %s if the answer is lost)\n", *id, *id)
-	}
-	client, err := cf.client()
-	if err != nil {
-		return err
 	}
 	msg, err := unary(ctx, cf.timeout, client.Reserve, &v1.ReserveRequest{
 		ReservationId: *id, RequestDigest: *digest, Subject: *subject, Route: *route, Region: *region, Units: units,
@@ -287,16 +287,16 @@ func runRecord(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	client, err := cf.client() // as reserve's
+	if err != nil {
+		return err
+	}
 	if *id == "" {
 		*id = ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
 		fmt.Fprintf(e.stderr, "reservation id %s (retry with --id %s if the answer is lost)\n", *id, *id)
 	}
 	if *operation == "" {
 		*operation = *id
-	}
-	client, err := cf.client()
-	if err != nil {
-		return err
 	}
 	msg, err := unary(ctx, cf.timeout, client.RecordUsage, &v1.RecordUsageRequest{
 		ReservationId: *id, OperationId: *operation, Subject: *subject, Route: *route, Region: *region, ActualUnits: units,

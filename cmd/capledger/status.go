@@ -28,7 +28,9 @@ Optional blocks: compaction and retention (unless serve --compaction 0
 or --retention 0; only the lease holder runs them, so on another replica
 their counters are what it counted since it started, 0 if it never led),
 subjectIndex (SQLite: the console's subject index catching up). Ask each
-replica for its own view. It exits 5 when the server is not ready.
+replica for its own view. It exits 5 when the server is not ready or
+cannot be reached, 1 when what answers at --addr is no capledger server
+(404: a wrong path or port).
 
 Example:
   capledger status --addr http://10.0.0.7:7070
@@ -75,7 +77,18 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return exitError{code: exitUnavailable, err: fmt.Errorf("reading the answer of %s: %w", req.URL, err)}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("GET %s answered %s (is --addr a capledger server's address?)", req.URL, resp.Status)}
+		// What answered is not a capledger server at that address (a
+		// wrong path or port, another service): exit 1, the bad --addr,
+		// as a call of every other command to it (404, unimplemented);
+		// no retry finds a server there. A refusal of credentials by
+		// something in front of it is 1 as well; a gateway's 502, 503 or
+		// 504, or a server's failure, is the unavailable server of 5.
+		code := exitUnavailable
+		switch resp.StatusCode {
+		case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnauthorized, http.StatusForbidden:
+			code = exitUsage
+		}
+		return exitError{code: code, err: fmt.Errorf("GET %s answered %s (is --addr a capledger server's address?)", req.URL, resp.Status)}
 	}
 	var st struct {
 		Ready bool `json:"ready"`

@@ -576,3 +576,28 @@ func jsonFields(t reflect.Type) map[string]jsonField {
 	}
 	return fields
 }
+
+// LineOf returns the line in source, a YAML or JSON file, of the key a
+// JSON path names ("dimensions[1].maxReservation", as the API's field
+// paths are written), or 0 when the path is malformed or names nothing in
+// source (a key spelt otherwise there, say).
+func LineOf(source []byte, path string) int {
+	var steps []step
+	for _, part := range strings.Split(path, ".") {
+		key, rest, _ := strings.Cut(part, "[")
+		if key == "" {
+			return 0
+		}
+		steps = append(steps, step{key: key})
+		for rest != "" {
+			index, after, ok := strings.Cut(rest, "]")
+			n, err := strconv.Atoi(index)
+			if !ok || err != nil || n < 0 || (after != "" && after[0] != '[') {
+				return 0
+			}
+			steps = append(steps, step{index: n, isIndex: true})
+			rest = strings.TrimPrefix(after, "[")
+		}
+	}
+	return keyLine(source, steps)
+}

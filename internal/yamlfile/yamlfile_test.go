@@ -486,3 +486,31 @@ func TestDuplicateKeySaysWhere(t *testing.T) {
 		t.Errorf("a merge key's key given again: %v, want %q", err, want)
 	}
 }
+
+// LineOf finds the line of the key an API field path names, in YAML and
+// in JSON, and 0 for a path that names nothing there or is malformed.
+func TestLineOf(t *testing.T) {
+	yamlSource := []byte("subject: a\nroute: b\ndimensions:\n  - unit: tokens\n    burst: 10\n  - unit: requests\n    burst: 5\n    maxReservation: 6\n")
+	jsonSource := []byte("{\n  \"subject\": \"a\",\n  \"dimensions\": [\n    {\"unit\": \"tokens\"},\n    {\n      \"unit\": \"requests\",\n      \"maxReservation\": \"6\"\n    }\n  ]\n}\n")
+	for _, c := range []struct {
+		source []byte
+		path   string
+		want   int
+	}{
+		{yamlSource, "dimensions[1].maxReservation", 8},
+		{yamlSource, "dimensions[0].burst", 5},
+		{yamlSource, "route", 2},
+		{yamlSource, "dimensions[1]", 6},
+		{yamlSource, "dimensions[2].burst", 0},
+		{yamlSource, "holdTtl", 0},
+		{yamlSource, "dimensions[x].burst", 0},
+		{yamlSource, "dimensions[1.burst", 0},
+		{yamlSource, ".route", 0},
+		{jsonSource, "dimensions[1].maxReservation", 7},
+		{jsonSource, "subject", 2},
+	} {
+		if got := LineOf(c.source, c.path); got != c.want {
+			t.Errorf("LineOf(%q) = %d, want %d", c.path, got, c.want)
+		}
+	}
+}
