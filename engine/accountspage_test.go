@@ -70,8 +70,8 @@ func TestAccountsPageShowsWholeSubjectKeys(t *testing.T) {
 				t.Fatalf("limit %d: still paging after 20 pages", limit)
 			}
 			var page []ledger.Account
-			var deciding map[ledger.PolicyKey]uint64
-			page, deciding, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: limit})
+			var with ShownWith
+			page, with, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: limit})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,7 +85,7 @@ func TestAccountsPageShowsWholeSubjectKeys(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(deciding, wantDeciding) {
+			if deciding := with.Deciding; !reflect.DeepEqual(deciding, wantDeciding) {
 				t.Errorf("pages of %d: deciding %v for subjects %v, want %v", limit, deciding, subjects, wantDeciding)
 			}
 		}

@@ -88,7 +88,7 @@ func TestAccountsInDebtShowsDebtorsAsAccountsDoes(t *testing.T) {
 			var got []ledger.Account
 			f := store.DebtFilter{Limit: limit}
 			for range 20 {
-				page, next, more, err := e.AccountsInDebt(ctx, f, keep)
+				page, _, next, more, err := e.AccountsInDebt(ctx, f, keep)
 				if err != nil {
 					t.Fatal(err)
 				}

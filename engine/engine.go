@@ -817,10 +817,54 @@ func (e *Engine) AccountsInDebtCount(ctx context.Context) (int64, error) {
 // refill has repaid most of what the stored rows still show.
 const maxDebtScans = 8
 
+// ShownWith is what a view's accounts were shown beside, each read in
+// one snapshot with the accounts of its subject key
+// (store.Store.AccountsView), so a caller marking an account active or
+// rolled back marks it as its balances stood: never a generation both
+// deciding and rolled back, or deciding beside a subject's capacity that
+// a publish or rollback already moved.
+type ShownWith struct {
+	// Deciding holds the generation deciding for each subject key of the
+	// accounts shown (absent: none decides), as DecidingGenerations would
+	// have answered in that snapshot.
+	Deciding map[ledger.PolicyKey]uint64
+	// Policies holds the policy of each account shown (of its
+	// generation), by account key, as read in that snapshot.
+	Policies map[ledger.AccountKey]ledger.Policy
+}
+
+// Decides reports whether key's generation decided for its subject key
+// when it was shown.
+func (w ShownWith) Decides(key ledger.AccountKey) bool {
+	g, ok := w.Deciding[key.SubjectKey()]
+	return ok && g == key.Generation
+}
+
+// add records view's deciding generations of subjects and the policies
+// of accounts into w.
+func (w ShownWith) add(view store.AccountsView, accounts []ledger.Account) {
+	for i := range accounts {
+		k := accounts[i].Key
+		if g, ok := view.Deciding[k.SubjectKey()]; ok {
+			w.Deciding[k.SubjectKey()] = g
+		}
+		if p, ok := view.Policies[k.Generation]; ok {
+			w.Policies[k] = p
+		}
+	}
+}
+
+func newShownWith() ShownWith {
+	return ShownWith{Deciding: map[ledger.PolicyKey]uint64{}, Policies: map[ledger.AccountKey]ledger.Policy{}}
+}
+
 // AccountsInDebt returns up to f.Limit accounts that owe debt now, in key
-// order after f.After. The store finds the rows that owed at their last
-// command; each is then shown as Accounts shows it, with the refill due up
-// to now (which repays debt first), and left out if that repaid it. keep,
+// order after f.After, with what they were shown beside (ShownWith: the
+// generation deciding for each one's subject key and its policy, read in
+// the snapshot of its balances). The store finds the rows that owed at
+// their last command; each is then shown as Accounts shows it, with the
+// refill due up to now (which repays debt first), and left out if that
+// repaid it. keep,
 // when not nil, leaves out the rows whose key it refuses before anything
 // else is read for them (a scoped caller's filter: a row outside the
 // scope costs its stored row only). One call reads at most maxDebtScans
@@ -833,15 +877,25 @@ const maxDebtScans = 8
 //
 // The store reads of a call do not grow with f.Limit: per store page, the
 // page itself and one view of the subjects of the rows keep lets through
-// (store.Store.AccountsView: their accounts, the owing rows of those that
-// owe, their heads and policies from one snapshot).
-func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
+// that no earlier page of the call viewed (store.Store.AccountsView: their
+// accounts, the owing rows of those that owe, their heads and policies
+// from one snapshot). A subject key is viewed once a call, so all its
+// rows shown stood together.
+func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, with ShownWith, next ledger.AccountKey, more bool, err error) {
+	with = newShownWith()
 	if f.Limit <= 0 {
-		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
+		return nil, with, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
 	next = f.After
 	now := e.opts.Clock()
 	budget := maxDebtScans * f.Limit // stored rows this call may still read
+	// ofSubject holds the subjects' accounts as read until a first row
+	// shows them, then as refilled: once per subject and call, so a
+	// subject with two debtor rows (in one store page or two) shows both
+	// from the same view and refill.
+	ofSubject := map[ledger.PolicyKey][]ledger.Account{}
+	viewOf := map[ledger.PolicyKey]*store.AccountsView{}
+	refilled := map[ledger.PolicyKey]bool{}
 	for range maxDebtScans {
 		if budget == 0 {
 			break
@@ -849,40 +903,39 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		ask := min(f.Limit-len(out)+1, budget)
 		stored, err := e.core.store.AccountsInDebt(ctx, store.DebtFilter{After: next, Limit: ask})
 		if err != nil {
-			return nil, ledger.AccountKey{}, false, err
+			return nil, with, ledger.AccountKey{}, false, err
 		}
 		budget -= len(stored)
 		// Refill depends on which of the subject's generations holds its
 		// capacity, so each row is shown from its subject's accounts as
-		// Accounts shows them: those of every kept row, read with their
-		// owing rows, heads and policies from one snapshot
-		// (store.Store.AccountsView; the last row's too, though it may
-		// only say there is more).
+		// Accounts shows them: those of every kept row not viewed yet,
+		// read with their owing rows, heads and policies from one
+		// snapshot (store.Store.AccountsView; the last row's too, though
+		// it may only say there is more).
 		kept := make([]bool, len(stored))
 		var subjects []ledger.PolicyKey
 		for i := range stored {
 			if kept[i] = keep == nil || keep(stored[i].Key); kept[i] {
-				subjects = append(subjects, stored[i].Key.SubjectKey())
+				if subject := stored[i].Key.SubjectKey(); viewOf[subject] == nil {
+					subjects = append(subjects, subject)
+				}
 			}
 		}
-		// ofSubject holds the subjects' accounts as read until a first
-		// row shows them, then as refilled: once per subject, so a
-		// subject with two debtor rows shows both from the same refill.
-		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
-		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
-		var view store.AccountsView
 		if len(subjects) > 0 {
-			if view, err = e.core.store.AccountsView(ctx, subjects); err != nil {
-				return nil, ledger.AccountKey{}, false, err
+			view, err := e.core.store.AccountsView(ctx, subjects)
+			if err != nil {
+				return nil, with, ledger.AccountKey{}, false, err
+			}
+			for _, subject := range subjects {
+				viewOf[subject] = &view
 			}
 			for _, a := range view.Accounts {
 				ofSubject[a.Key.SubjectKey()] = append(ofSubject[a.Key.SubjectKey()], a)
 			}
 		}
-		byGeneration := policiesOfView(view)
 		for i := range stored {
 			if len(out) == f.Limit {
-				return out, next, true, nil // stored[i] is one more
+				return out, with, next, true, nil // stored[i] is one more
 			}
 			key := stored[i].Key
 			next = key
@@ -890,10 +943,11 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 				continue
 			}
 			subject := key.SubjectKey()
+			view := viewOf[subject]
 			if !refilled[subject] {
-				shown, err := refilledAsShown(ofSubject[subject], byGeneration, decidingOfView(view), view.Owing, now)
+				shown, err := refilledAsShown(ofSubject[subject], policiesOfView(*view), decidingOfView(*view), view.Owing, now)
 				if err != nil {
-					return nil, ledger.AccountKey{}, false, err
+					return nil, with, ledger.AccountKey{}, false, err
 				}
 				ofSubject[subject], refilled[subject] = shown, true
 			}
@@ -901,14 +955,15 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			for j := range accounts {
 				if dim, _ := accounts[j].Debt(); accounts[j].Key == key && dim >= 0 {
 					out = append(out, accounts[j])
+					with.add(*view, accounts[j:j+1])
 				}
 			}
 		}
 		if len(stored) < ask {
-			return out, next, false, nil // no more rows that owed
+			return out, with, next, false, nil // no more rows that owed
 		}
 	}
-	return out, next, true, nil
+	return out, with, next, true, nil
 }
 
 // Accounts returns the subject's accounts (every generation), with the
@@ -988,24 +1043,26 @@ func decidingOfView(view store.AccountsView) func(ledger.PolicyKey) (uint64, boo
 // AccountsPage returns the accounts f selects after the subject key of
 // f.After (the zero key: from the first) in key order, whole subject
 // keys of about f.Limit accounts (at least 1), shown as Accounts shows them (refill due up to now
-// applied to the account holding each subject's capacity), the
-// generation deciding for each of their subject keys (absent: none
-// decides; what the refill shown went by, as DecidingGenerations would
-// answer for them, so a caller need not read those heads again), and the
-// cursor of the next page; more is false at the end. Each page is a read
+// applied to the account holding each subject's capacity), what they
+// were shown beside (ShownWith: the generation deciding for each of
+// their subject keys, absent when none decides, what the refill shown
+// went by, as DecidingGenerations would answer for them, and each
+// one's policy, so a caller need not read those heads and policies
+// again), and the cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
 // never holds one read open over all of them, and reading one subject's
 // (f.Subject) reads its accounts only. The page's subjects are then shown
 // from one snapshot of their accounts, owing rows, heads and generations
-// (store.Store.AccountsView), so the accounts and the deciding
-// generations stood together.
-func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
+// (store.Store.AccountsView), so the accounts, the deciding
+// generations and the policies stood together.
+func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, with ShownWith, next ledger.AccountKey, more bool, err error) {
+	with = newShownWith()
 	after := f.After
 	limit := max(f.Limit, 1)
 	f.Limit = limit
 	page, err := e.core.store.AccountsPage(ctx, f)
 	if err != nil {
-		return nil, nil, after, false, err
+		return nil, with, after, false, err
 	}
 	if len(page) == limit {
 		// The last subject key may go on in the next page: leave it
@@ -1022,7 +1079,7 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 		more = true
 	}
 	if len(page) == 0 {
-		return page, map[ledger.PolicyKey]uint64{}, next, false, nil
+		return page, with, next, false, nil
 	}
 	next = page[len(page)-1].Key
 	// The page's subjects whole, with their owing rows, heads and
@@ -1030,13 +1087,14 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 	// every policy.
 	view, err := e.core.store.AccountsView(ctx, subjectsOf(page))
 	if err != nil {
-		return nil, nil, after, false, err
+		return nil, with, after, false, err
 	}
 	if n := len(view.Accounts); n > 0 && view.Accounts[n-1].Key.Compare(next) > 0 {
 		next = view.Accounts[n-1].Key // the last subject read again has one more
 	}
 	shown, err := e.shown(view)
-	return shown, view.Deciding, next, more, err
+	with.add(view, shown)
+	return shown, with, next, more, err
 }
 
 // refilledAsShown applies to accounts, whole subject keys (every

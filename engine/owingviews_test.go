@@ -85,7 +85,7 @@ func TestViewsOfAFrozenSubjectShowWhatTheNextCommandStores(t *testing.T) {
 				if got1, got2 := debtOf(shown, 1), debtOf(shown, 2); got1 != step.images || got2 != step.requests {
 					t.Errorf("after %s: shown debt %d images, %d requests; want %d, %d", step.after, got1, got2, step.images, step.requests)
 				}
-				inDebt, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}, nil)
+				inDebt, _, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

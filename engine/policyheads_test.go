@@ -131,7 +131,8 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 	}
 
 	st.reset()
-	page, deciding, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: n + 1})
+	page, with, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: n + 1})
+	deciding := with.Deciding
 	if err != nil || len(page) != n || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}
@@ -147,7 +148,8 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 
 	pages := int64(0)
 	for after, more := (ledger.AccountKey{}), true; more; pages++ {
-		page, deciding, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: 100})
+		page, with, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: 100})
+		deciding = with.Deciding
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +157,7 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 	}
 	st.viewReads(t, fmt.Sprintf("%d pages of 100", pages), pages)
 
-	debtors, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
+	debtors, _, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
 	if err != nil || len(debtors) != n/10 {
 		t.Fatalf("debtors: %d, %v; want %d", len(debtors), err, n/10)
 	}
@@ -213,7 +215,8 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 	}
 
 	st.reset()
-	page, deciding, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: len(changes.Accounts) + 1})
+	page, with, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: len(changes.Accounts) + 1})
+	deciding := with.Deciding
 	if err != nil || len(page) != len(changes.Accounts) || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}
@@ -230,7 +233,7 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 	}
 	st.viewReads(t, fmt.Sprintf("%d pages of 100", pages), pages)
 
-	debtors, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
+	debtors, _, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
 	if err != nil || len(debtors) != n/10 {
 		t.Fatalf("debtors: %d, %v; want %d", len(debtors), err, n/10)
 	}

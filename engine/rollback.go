@@ -112,64 +112,103 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 // heads deciding for the page's subjects, not every policy. The deciding
 // accounts BlockedByBurst needs are read a page at a time too
 // (store.AccountsOfSubjects of the page's subjects that hold capacity),
-// not one AccountGet per account.
+// not one AccountGet per account. Active and the sums stood together: a
+// pass during which a publish or rollback of the generation's key
+// committed is read again (at most maxDrainPasses, then an error), so it
+// never says drained while the generation is active or holds capacity it
+// took while active.
 func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
-	now := e.opts.Clock()
-	// The generations asked about and their keys' heads; then, page by
-	// page, the heads deciding for the accounts' subjects and those
-	// generations: two reads a page (policyReads.load), not every policy,
-	// and forgotten after each page (a "*" generation may have an
-	// account per tenant).
-	policies := newPolicyReads(e.core.store)
 	out := make([]GenerationDrain, 0, len(generations))
 	for _, g := range generations {
-		p, err := policies.policy(ctx, g)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("policy generation %d: %w", g, store.ErrNotFound)
-		}
-		if err != nil {
-			return nil, err
-		}
-		d := GenerationDrain{Policy: *p}
-		active, err := policies.active(ctx, p.Key)
-		if err != nil {
-			return nil, err
-		}
-		d.Active = active != 0 && active == g
-		f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
-		var waiting []*ledger.Account
-		var subjects []ledger.PolicyKey
-		for {
-			page, next, err := e.core.store.AccountsByEpoch(ctx, f)
+		// The generation's key's active generation is read before its
+		// pages and again after them: a publish or rollback of its key
+		// committed meanwhile (the head moved) may have made it active and
+		// let it take and spend capacity between the two, so the pass is
+		// read again. The same head at both ends means it was not active
+		// in between: a head that left a generation never comes back to it
+		// (a publish makes a newer one active, a rollback an older one,
+		// and only once the newer ones are rolled back).
+		for pass := 1; ; pass++ {
+			d, head, err := e.drainPass(ctx, g)
 			if err != nil {
-				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
-			}
-			store.Progressed(ctx) // a page read: the caller may bound the wait for the next
-			pagePolicies := newPolicyReads(e.core.store)
-			if err := pagePolicies.load(ctx, page, true); err != nil {
 				return nil, err
 			}
-			waiting, subjects = waiting[:0], subjects[:0]
-			for i := range page {
-				if addDrain(&d, &page[i], pagePolicies.Deciding, pagePolicies.byGeneration) {
-					waiting = append(waiting, &page[i])
-					subjects = append(subjects, page[i].Key.SubjectKey())
-				}
+			again, err := e.core.store.PolicyHead(ctx, d.Policy.Key)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return nil, fmt.Errorf("policy head %s: %w", d.Policy.Key, err)
 			}
-			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, pagePolicies.Deciding, pagePolicies.byGeneration, now); err != nil {
-				return nil, err
-			}
-			if len(page) < f.Limit {
+			if again.Active == head {
+				out = append(out, d)
 				break
 			}
-			f.After = next
+			if pass == maxDrainPasses {
+				return nil, fmt.Errorf("drain progress of generation %d: its key's active generation changed during each of %d passes; ask again", g, pass)
+			}
 		}
-		if err := e.addUnreconciledShards(ctx, &d, g); err != nil {
-			return nil, err
-		}
-		out = append(out, d)
 	}
 	return out, nil
+}
+
+// maxDrainPasses bounds the passes DrainProgress reads for one generation
+// while its key's active generation keeps changing during them.
+const maxDrainPasses = 4
+
+// drainPass is DrainProgress's pass over generation g: what it holds,
+// and its key's active generation as read before its accounts.
+func (e *Engine) drainPass(ctx context.Context, g uint64) (GenerationDrain, uint64, error) {
+	now := e.opts.Clock()
+	// The generation asked about and its key's head; then, page by page,
+	// the heads deciding for the accounts' subjects and those
+	// generations: two reads a page (policyReads.load), not every policy,
+	// and forgotten after each page (a "*" generation may have an account
+	// per tenant).
+	policies := newPolicyReads(e.core.store)
+	p, err := policies.policy(ctx, g)
+	if errors.Is(err, store.ErrNotFound) {
+		return GenerationDrain{}, 0, fmt.Errorf("policy generation %d: %w", g, store.ErrNotFound)
+	}
+	if err != nil {
+		return GenerationDrain{}, 0, err
+	}
+	d := GenerationDrain{Policy: *p}
+	active, err := policies.active(ctx, p.Key)
+	if err != nil {
+		return GenerationDrain{}, 0, err
+	}
+	d.Active = active != 0 && active == g
+	store.BetweenReads(ctx) // the tests' hook: a commit between the head and the pages
+	f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
+	var waiting []*ledger.Account
+	var subjects []ledger.PolicyKey
+	for {
+		page, next, err := e.core.store.AccountsByEpoch(ctx, f)
+		if err != nil {
+			return GenerationDrain{}, 0, fmt.Errorf("accounts of generation %d: %w", g, err)
+		}
+		store.Progressed(ctx) // a page read: the caller may bound the wait for the next
+		pagePolicies := newPolicyReads(e.core.store)
+		if err := pagePolicies.load(ctx, page, true); err != nil {
+			return GenerationDrain{}, 0, err
+		}
+		waiting, subjects = waiting[:0], subjects[:0]
+		for i := range page {
+			if addDrain(&d, &page[i], pagePolicies.Deciding, pagePolicies.byGeneration) {
+				waiting = append(waiting, &page[i])
+				subjects = append(subjects, page[i].Key.SubjectKey())
+			}
+		}
+		if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, pagePolicies.Deciding, pagePolicies.byGeneration, now); err != nil {
+			return GenerationDrain{}, 0, err
+		}
+		if len(page) < f.Limit {
+			break
+		}
+		f.After = next
+	}
+	if err := e.addUnreconciledShards(ctx, &d, g); err != nil {
+		return GenerationDrain{}, 0, err
+	}
+	return d, active, nil
 }
 
 // addUnreconciledShards adds to d the shards of generation g not yet

@@ -12,14 +12,18 @@ import (
 )
 
 // shownView is what a read view shows of a subject: its accounts and,
-// for AccountsPage, the generation deciding for it.
+// for AccountsPage and AccountsInDebt, what they were shown beside (the
+// generation deciding for it, the accounts' policies).
 type shownView struct {
 	accounts []ledger.Account
-	deciding map[ledger.PolicyKey]uint64
+	with     ShownWith
 }
 
 func (v shownView) String() string {
-	s := fmt.Sprintf("deciding %v;", v.deciding)
+	s := fmt.Sprintf("deciding %v;", v.with.Deciding)
+	for k, p := range v.with.Policies {
+		s += fmt.Sprintf(" %s policy %d rolled back %v;", k, p.Generation, p.RolledBack)
+	}
 	for _, a := range v.accounts {
 		s += fmt.Sprintf(" %s v%d %+v;", a.Key, a.Version, a.Balances[0])
 	}
@@ -42,11 +46,11 @@ func TestViewsReadOneSnapshotWhileAPublishCommits(t *testing.T) {
 			return v, err
 		},
 		"AccountsPage": func(ctx context.Context, e *Engine) (v shownView, err error) {
-			v.accounts, v.deciding, _, _, err = e.AccountsPage(ctx, store.AccountFilter{Subject: key.Subject, Limit: 10})
+			v.accounts, v.with, _, _, err = e.AccountsPage(ctx, store.AccountFilter{Subject: key.Subject, Limit: 10})
 			return v, err
 		},
 		"AccountsInDebt": func(ctx context.Context, e *Engine) (v shownView, err error) {
-			v.accounts, _, _, err = e.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}, nil)
+			v.accounts, v.with, _, _, err = e.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}, nil)
 			return v, err
 		},
 	}

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
@@ -203,24 +204,14 @@ func (s *Server) Policy(ctx context.Context, generation uint64) (ledger.Policy, 
 }
 
 // pagePolicies are the policies of a page of accounts' generations, read
-// together (policiesOf), for a handler that shows or ranks each account.
+// together (with the accounts: store.AccountsView), for a handler that
+// shows each account.
 type pagePolicies struct {
 	s            *Server
 	byGeneration map[uint64]ledger.Policy
 }
 
-// policiesOf returns the policies of generations, from the cache or in one
-// read of those it lacks (policyCache.many), not a read per generation; a
-// failed read is answered as Policy answers it.
-func (s *Server) policiesOf(ctx context.Context, generations []uint64) (pagePolicies, *connect.Error) {
-	byGeneration, err := s.policies.many(ctx, generations)
-	if err != nil {
-		return pagePolicies{}, readError("policy", ReasonPolicyNotFound, err)
-	}
-	return pagePolicies{s: s, byGeneration: byGeneration}, nil
-}
-
-// get returns generation's policy as read by policiesOf; one it did not
+// get returns generation's policy as read with the page; one it did not
 // find is asked again (Policy), which names it when it does not exist.
 func (pp pagePolicies) get(ctx context.Context, generation uint64) (ledger.Policy, *connect.Error) {
 	if p, ok := pp.byGeneration[generation]; ok {
@@ -229,18 +220,14 @@ func (pp pagePolicies) get(ctx context.Context, generation uint64) (ledger.Polic
 	return pp.s.Policy(ctx, generation)
 }
 
-// generationsOf returns the generations of accounts that keep keeps (every
-// one when keep is nil), in order, each once.
-func generationsOf(accounts []ledger.Account, keep func(*ledger.Account) bool) []uint64 {
-	var out []uint64
-	seen := map[uint64]bool{}
-	for i := range accounts {
-		if g := accounts[i].Key.Generation; !seen[g] && (keep == nil || keep(&accounts[i])) {
-			seen[g] = true
-			out = append(out, g)
-		}
+// shownPolicy returns the policy of the account of key as it was shown
+// with (engine.ShownWith: read in one snapshot with its balances); one
+// not there (never, from the engine's views) is asked again (Policy).
+func (s *Server) shownPolicy(ctx context.Context, with engine.ShownWith, key ledger.AccountKey) (ledger.Policy, *connect.Error) {
+	if p, ok := with.Policies[key]; ok {
+		return p, nil
 	}
-	return out
+	return s.Policy(ctx, key.Generation)
 }
 
 // Account returns the current account of the concrete subject key under

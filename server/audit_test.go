@@ -83,11 +83,11 @@ type stallingAuditor struct {
 	releaseGates chan struct{}
 }
 
-func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, ledger.AccountKey, bool, error) {
+func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, engine.ShownWith, ledger.AccountKey, bool, error) {
 	select {
 	case <-s.releaseGates:
 	case <-ctx.Done():
-		return nil, ledger.AccountKey{}, false, ctx.Err()
+		return nil, engine.ShownWith{}, ledger.AccountKey{}, false, ctx.Err()
 	}
 	return s.Engine.AccountsInDebt(ctx, f, keep)
 }

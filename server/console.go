@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
@@ -388,43 +389,34 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if err != nil {
 			return nil, err
 		}
-		resp, err := c.standingsOf(capped, ranking)
-		if err != nil {
-			return nil, err
-		}
-		return connect.NewResponse(resp), nil
+		return connect.NewResponse(c.standingsOf(capped, ranking)), nil
 	}
 	ctx = capped
 	asOf := s.clock()
+	// The accounts with the generations deciding for them and their
+	// policies (rolled back or not) as read in one snapshot with each
+	// account's balances: a standing's active and rolled-back marks are
+	// those its balances stood with.
 	var (
 		accounts []ledger.Account
-		deciding map[ledger.PolicyKey]uint64
-		policies pagePolicies
+		with     engine.ShownWith
 		err      *connect.Error
 	)
 	if m.GetInDebt() {
-		if accounts, err = c.debtors(ctx, limit); err != nil {
-			return nil, err
-		}
-		subjects := make([]ledger.PolicyKey, len(accounts))
-		for i := range accounts {
-			subjects[i] = accounts[i].Key.SubjectKey()
-		}
-		if deciding, err = c.deciding(ctx, subjects); err != nil {
-			return nil, err
-		}
-		if policies, err = s.policiesOf(ctx, generationsOf(accounts, func(a *ledger.Account) bool { return standingMatches(m, a.Key) })); err != nil {
+		if accounts, with, err = c.debtors(ctx, limit); err != nil {
 			return nil, err
 		}
 	} else {
-		// The accounts with the generations deciding for them and their
-		// policies (rolled back or not) from one snapshot: a standing's
-		// active and rolled-back marks are those its balances stood with.
 		var view store.AccountsView
 		if accounts, view, err = c.accounts(ctx, key); err != nil {
 			return nil, err
 		}
-		deciding, policies = view.Deciding, pagePolicies{s: s, byGeneration: view.Policies}
+		with = engine.ShownWith{Deciding: view.Deciding, Policies: map[ledger.AccountKey]ledger.Policy{}}
+		for i := range accounts {
+			if p, ok := view.Policies[accounts[i].Key.Generation]; ok {
+				with.Policies[accounts[i].Key] = p
+			}
+		}
 	}
 	now := s.clock()
 	var standings []*v1.AccountStanding
@@ -433,11 +425,11 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if !standingMatches(m, a.Key) {
 			continue
 		}
-		p, cerr := policies.get(ctx, a.Key.Generation)
+		p, cerr := s.shownPolicy(ctx, with, a.Key)
 		if cerr != nil {
 			return nil, cerr
 		}
-		standings = append(standings, c.standingNow(ctx, a, &p, deciding, now))
+		standings = append(standings, c.standingNow(ctx, a, &p, with.Decides(a.Key), now))
 	}
 	sort.SliceStable(standings, func(i, j int) bool {
 		a, b := standings[i], standings[j]
@@ -486,13 +478,13 @@ func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]l
 // scope, in key order, as ListDebts's first page of limit shows them: read
 // from the store's debtors (AccountsInDebt), not from every account, and
 // for a scoped caller from at most the store pages ListDebts reads a call
-// (so possibly fewer).
-func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, *connect.Error) {
-	accounts, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, scopeFilter(ctx))
+// (so possibly fewer), with what they were shown beside (engine.ShownWith).
+func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, engine.ShownWith, *connect.Error) {
+	accounts, with, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, scopeFilter(ctx))
 	if err != nil {
-		return nil, readError("accounts in debt", ReasonStoreUnavailable, err)
+		return nil, engine.ShownWith{}, readError("accounts in debt", ReasonStoreUnavailable, err)
 	}
-	return accounts, nil
+	return accounts, with, nil
 }
 
 // standing renders one account with its limits.

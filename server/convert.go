@@ -241,55 +241,6 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 	return p, nil
 }
 
-// many returns the policies of generations by generation: those cached
-// from the cache, the others in one read (Ledger.PoliciesOfGenerations),
-// taken in as get takes one. A generation that does not exist is absent
-// (get then says so by name); a failed read returns its error. A page of
-// a thousand accounts under as many generations costs one read, not get's
-// round trip each.
-func (c *policyCache) many(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
-	out := make(map[uint64]ledger.Policy)
-	var missing []uint64
-	asked := map[uint64]bool{}
-	c.mu.RLock()
-	for _, g := range generations {
-		if _, ok := out[g]; ok || asked[g] {
-			continue
-		}
-		cp, ok := c.kept[g]
-		if !ok {
-			cp, ok = c.older[g]
-		}
-		if ok {
-			out[g] = cp.policy()
-		} else {
-			asked[g] = true
-			missing = append(missing, g)
-		}
-	}
-	c.mu.RUnlock()
-	if len(missing) == 0 {
-		return out, nil
-	}
-	read, err := c.ledger.PoliciesOfGenerations(ctx, missing)
-	if err != nil {
-		return nil, err
-	}
-	taken := make([]cachedPolicy, 0, len(read))
-	for _, g := range missing {
-		if p, ok := read[g]; ok {
-			taken = append(taken, c.terms.cached(&p))
-			out[g] = p
-		}
-	}
-	c.mu.Lock()
-	for _, cp := range taken {
-		c.addLocked(cp)
-	}
-	c.mu.Unlock()
-	return out, nil
-}
-
 // add takes one more generation in.
 func (c *policyCache) add(p *ledger.Policy) {
 	cp := c.terms.cached(p)

@@ -36,7 +36,7 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	// next token follows the last row it examined, which may lie outside
 	// the scope: sealNext seals it, so a short or empty page with a token
 	// means "keep paging".
-	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size}, scopeFilter(ctx))
+	accounts, with, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size}, scopeFilter(ctx))
 	if err != nil {
 		return nil, readError("list debts", ReasonStoreUnavailable, err)
 	}
@@ -44,12 +44,8 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	if more {
 		resp.NextPageToken = s.sealNext(ctx, "ListDebts", debtToken(next))
 	}
-	policies, cerr := s.policiesOf(ctx, generationsOf(accounts, nil))
-	if cerr != nil {
-		return nil, cerr
-	}
 	for i := range accounts {
-		p, cerr := policies.get(ctx, accounts[i].Key.Generation)
+		p, cerr := s.shownPolicy(ctx, with, accounts[i].Key)
 		if cerr != nil {
 			return nil, cerr
 		}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
@@ -130,9 +131,9 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 	groups := map[groupKey]*fairnessGroup{}
 	for after, more := (ledger.AccountKey{}), true; more; {
 		var page []ledger.Account
-		var deciding map[ledger.PolicyKey]uint64
+		var with engine.ShownWith
 		var err error
-		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, store.AccountFilter{Route: q.route, After: after, Limit: standingsPage})
+		page, with, after, more, err = s.ledger.AccountsPage(ctx, store.AccountFilter{Route: q.route, After: after, Limit: standingsPage})
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}
@@ -140,12 +141,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 		// Only the account that admits for each subject now counts.
 		counted := func(a *ledger.Account) bool {
 			k := a.Key
-			g, ok := deciding[k.SubjectKey()]
-			return (q.route == "" || q.route == k.Route) && ok && g == k.Generation && InScope(ctx, k.Subject, k.Route)
-		}
-		policies, cerr := s.policiesOf(ctx, generationsOf(page, counted))
-		if cerr != nil {
-			return nil, cerr
+			return (q.route == "" || q.route == k.Route) && with.Decides(k) && InScope(ctx, k.Subject, k.Route)
 		}
 		for i := range page {
 			a := &page[i]
@@ -153,7 +149,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 			if !counted(a) {
 				continue
 			}
-			p, cerr := policies.get(ctx, k.Generation)
+			p, cerr := s.shownPolicy(ctx, with, k)
 			if cerr != nil {
 				return nil, cerr
 			}

@@ -98,18 +98,17 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 	var after ledger.AccountKey
 	for {
 		store.Progressed(ctx) // asking for a page: a bounded caller (Audit) bounds its wait
-		page, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000}, nil)
+		page, with, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000}, nil)
 		if err != nil {
 			s.log.Warn("gate metrics: debts", "err", err)
 			debt = nil
 			break
 		}
-		// The page's generations in one read; an account whose policy
-		// cannot be read is left out, as before.
-		policies, _ := s.policies.many(ctx, generationsOf(page, nil))
+		// Each account's policy as read with it (engine.ShownWith); an
+		// account without one is left out.
 		for i := range page {
 			a := &page[i]
-			p, ok := policies[a.Key.Generation]
+			p, ok := with.Policies[a.Key]
 			if !ok {
 				continue
 			}

@@ -211,11 +211,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	// Read back the generation and its key's head, two rows, and take the
 	// generation into the cache: a reload of every policy here made
 	// publishing N policies cost N^2 policy reads.
-	stored, err := s.ledger.Policy(ctx, res.Generation)
-	var active bool
-	if err == nil {
-		active, err = s.isActive(ctx, &stored)
-	}
+	stored, active, err := s.policyNow(ctx, res.Generation)
 	if err != nil {
 		return nil, appliedErrorAdvising("publish policy: read back",
 			"read it with GetPolicy rather than publishing again (the same terms replay only while their generation is active)", err)
@@ -233,6 +229,37 @@ func (s *Server) isActive(ctx context.Context, p *ledger.Policy) (bool, error) {
 		return false, fmt.Errorf("policy head %s: %w", p.Key, err)
 	}
 	return head.Active == p.Generation, nil
+}
+
+// policyNow returns generation's policy as stored and whether it is its
+// key's active generation, as they stood together at one moment
+// (activeNow of the policy read). store.ErrNotFound (wrapped) when the
+// generation does not exist.
+func (s *Server) policyNow(ctx context.Context, generation uint64) (ledger.Policy, bool, error) {
+	p, err := s.ledger.Policy(ctx, generation)
+	if err != nil {
+		return p, false, err
+	}
+	return s.activeNow(ctx, p)
+}
+
+// activeNow returns p, a policy just read, and whether it is its key's
+// active generation, as they stood together at one moment: its key's
+// head (isActive), then, for a generation neither active nor rolled
+// back, the policy again. A rollback committed between the policy's read
+// and the head's would otherwise show the generation neither active nor
+// rolled back when it was active before and rolled back after; read
+// again it is rolled back (and stays so, never active again). Read again
+// and still not rolled back, it was not at the head's read either, which
+// found it inactive. An active generation is never rolled back, and a
+// rolled-back one never active again, so those need no third read.
+func (s *Server) activeNow(ctx context.Context, p ledger.Policy) (ledger.Policy, bool, error) {
+	active, err := s.isActive(ctx, &p)
+	if err != nil || active || p.RolledBack {
+		return p, active, err
+	}
+	again, err := s.ledger.Policy(ctx, p.Generation)
+	return again, false, err
 }
 
 // GetPolicy implements LedgerService.GetPolicy.
@@ -254,7 +281,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
 		return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
 	}
-	active, err := s.isActive(ctx, &p)
+	p, active, err := s.activeNow(ctx, p)
 	if err != nil {
 		return nil, readError("get policy", ReasonPolicyNotFound, err)
 	}

@@ -21,7 +21,7 @@ import (
 // countingStore counts the rows the engine reads through the list reads
 // of a scoped caller: the USAGE_UNKNOWN index, the debt rows, the
 // subjects whose accounts the engine reads to show a debtor (AccountList,
-// AccountsOfSubjects, AccountsWithOwing, AccountsView), and the policy
+// AccountsOfSubjects, AccountsView), and the policy
 // reads (PolicyList); and reads, the calls of every read of accounts and
 // policies (PolicyGet, PoliciesOfGenerations and AccountsView too).
 type countingStore struct {
@@ -77,14 +77,6 @@ func (c *countingStore) AccountsOfSubjects(ctx context.Context, subjects []ledge
 	rows, err := c.Store.AccountsOfSubjects(ctx, subjects)
 	c.accountRows.Add(int64(len(rows)))
 	return rows, err
-}
-
-func (c *countingStore) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
-	c.reads.Add(1)
-	c.subjectsRead.Add(int64(len(subjects)))
-	rows, owing, err := c.Store.AccountsWithOwing(ctx, subjects)
-	c.accountRows.Add(int64(len(rows)))
-	return rows, owing, err
 }
 
 func (c *countingStore) AccountsView(ctx context.Context, subjects []ledger.PolicyKey) (store.AccountsView, error) {

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -25,9 +26,11 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -80,6 +83,9 @@ type harnessOptions struct {
 	// commit, a lost commit acknowledgement) a SQLite file cannot offer;
 	// otherwise the store is a SQLite file in a temporary directory.
 	faults bool
+	// postgres runs on PostgreSQL (a schema of its own in the database
+	// CAPLEDGER_TEST_POSTGRES names; the test is skipped without it).
+	postgres bool
 	// resolver runs the engine's USAGE_UNKNOWN resolver and shows it
 	// (server.Config.Resolver).
 	resolver *engine.ResolverOptions
@@ -112,6 +118,15 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if opts.faults {
 		h.faults = memstore.New()
 		h.store = h.faults
+	} else if opts.postgres {
+		if os.Getenv("CAPLEDGER_TEST_POSTGRES") == "" {
+			t.Skip("CAPLEDGER_TEST_POSTGRES not set")
+		}
+		st, err := postgres.Open(context.Background(), replicatest.SchemaDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.store = st
 	} else {
 		h.dbPath = filepath.Join(t.TempDir(), "ledger.db")
 		st, err := sqlite.Open(context.Background(), h.dbPath)

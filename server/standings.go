@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
@@ -24,9 +25,10 @@ type standingsQuestion struct {
 	limit                                   int
 }
 
-// standingsRanking is one ranking: the accounts as read at asOf, best
-// first, and how many matched; each caller builds its standings from them
-// with the rollout modes and generation states of its own time.
+// standingsRanking is one ranking: the accounts as read at asOf, each
+// with the policy and deciding generation it was read with, best first,
+// and how many matched; each caller builds its standings from them with
+// the rollout modes of its own time.
 type standingsRanking struct {
 	ranked  []*rankedStanding
 	matched int64
@@ -58,6 +60,9 @@ type rankedStanding struct {
 	used    float64
 	index   int
 	account ledger.Account
+	// policy is the account's policy as read with it (rolled back or
+	// not: engine.ShownWith).
+	policy ledger.Policy
 }
 
 // before reports whether a ranks before b.
@@ -114,8 +119,9 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 	f := standingsFilter(m)
 	for more := true; more; {
 		var page []ledger.Account
+		var with engine.ShownWith
 		var err error
-		page, _, f.After, more, err = s.ledger.AccountsPage(ctx, f)
+		page, with, f.After, more, err = s.ledger.AccountsPage(ctx, f)
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
@@ -123,32 +129,27 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 		matches := func(a *ledger.Account) bool {
 			return standingMatches(m, a.Key) && InScope(ctx, a.Key.Subject, a.Key.Route)
 		}
-		policies, cerr := s.policiesOf(ctx, generationsOf(page, matches))
-		if cerr != nil {
-			return cerr
-		}
 		for i := range page {
 			a := &page[i]
 			index++
 			if !matches(a) {
 				continue
 			}
-			p, cerr := policies.get(ctx, a.Key.Generation)
+			p, cerr := s.shownPolicy(ctx, with, a.Key)
 			if cerr != nil {
 				return cerr
 			}
 			matched++
-			// The policy cache's deciding generation: a replica's cache
-			// may lag a publish elsewhere by its refresh, which orders a
-			// ranking only; each standing's active is read from the heads.
-			c := &rankedStanding{used: usedFraction(a, &p), index: index,
-				idle: !s.policies.decides(a.Key.SubjectKey(), a.Key.Generation)}
+			// The deciding generation and the policy the page was shown
+			// with (one snapshot with its balances): they order the
+			// ranking and are the standing's active and rolled-back marks.
+			c := &rankedStanding{used: usedFraction(a, &p), index: index, idle: !with.Decides(a.Key)}
 			dim, _ := a.Debt()
 			c.frozen = dim >= 0
 			if !top.wants(c) {
 				continue // ranks below every one kept: copy nothing
 			}
-			c.account = *a
+			c.account, c.policy = *a, p
 			top.offer(c)
 		}
 	}
@@ -157,35 +158,17 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 	return nil
 }
 
-// standingsOf answers a ranking now: its accounts with the rollout modes
-// and generation states of now.
-func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*v1.ListAccountStandingsResponse, *connect.Error) {
-	subjects := make([]ledger.PolicyKey, len(r.ranked))
-	for i, ranked := range r.ranked {
-		subjects[i] = ranked.account.Key.SubjectKey()
-	}
-	deciding, cerr := c.deciding(ctx, subjects)
-	if cerr != nil {
-		return nil, cerr
-	}
-	generations := make([]uint64, len(r.ranked))
-	for i, ranked := range r.ranked {
-		generations[i] = ranked.account.Key.Generation
-	}
-	policies, cerr := c.s.policiesOf(ctx, generations)
-	if cerr != nil {
-		return nil, cerr
-	}
+// standingsOf answers a ranking now: its accounts with the active and
+// rolled-back marks they were read with (their page's snapshot, not a
+// later read of the heads, which could mark active a generation beside
+// balances it never stood with) and the rollout modes of now.
+func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) *v1.ListAccountStandingsResponse {
 	now := c.s.clock()
 	resp := &v1.ListAccountStandingsResponse{Matched: r.matched, AsOf: timestamp(r.asOf)}
 	for _, ranked := range r.ranked {
-		p, cerr := policies.get(ctx, ranked.account.Key.Generation)
-		if cerr != nil {
-			return nil, cerr
-		}
-		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &p, deciding, now))
+		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &ranked.policy, !ranked.idle, now))
 	}
-	return resp, nil
+	return resp
 }
 
 // standingsFilter is the store's part of m's filters, a page of
@@ -211,25 +194,13 @@ func standingMatches(m *v1.ListAccountStandingsRequest, k ledger.AccountKey) boo
 		(m.GetPolicyGeneration() == 0 || m.GetPolicyGeneration() == k.Generation)
 }
 
-// deciding returns the generation deciding for each of subjects (absent:
-// none decides), read from their keys' heads (Ledger.DecidingGenerations),
-// not from every policy.
-func (c consoleService) deciding(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, *connect.Error) {
-	deciding, err := c.s.ledger.DecidingGenerations(ctx, subjects)
-	if err != nil {
-		return nil, readError("policies", ReasonPolicyNotFound, err)
-	}
-	return deciding, nil
-}
-
 // standingNow is the account's standing with the rollout mode its
 // reserves get now (a staged rollout's on its routes, as the reserve
-// path decides) when its generation decides (deciding, per subject key:
-// consoleService.deciding).
-func (c consoleService) standingNow(ctx context.Context, a *ledger.Account, p *ledger.Policy, deciding map[ledger.PolicyKey]uint64, now time.Time) *v1.AccountStanding {
+// path decides) when its generation decides (active: as read with the
+// account, engine.ShownWith).
+func (c consoleService) standingNow(ctx context.Context, a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *v1.AccountStanding {
 	k := a.Key
-	g, ok := deciding[k.SubjectKey()]
-	st := standing(a, p, ok && g == k.Generation, now)
+	st := standing(a, p, active, now)
 	if st.Active {
 		mode := c.s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
 		st.Rollout = rolloutToProto[mode]

@@ -69,28 +69,11 @@ type Store interface {
 	// query (SQLite: one statement per 128 subjects), so a page of
 	// debtors costs the engine one read, not one AccountList per row.
 	AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error)
-	// AccountsWithOwing returns the accounts of subjects, as
-	// AccountsOfSubjects returns them, and by subject key what a view
-	// needs to bring a subject that owes to now as its next command would
-	// (ledger.BringToNowAsShown) beyond its accounts: its current pointer
-	// and its owing-set Meta rows (the row named ledger.OwingMetaName and
-	// those named under it with "/"). Both come from one snapshot of the
-	// committed rows (SQLite: one read transaction; PostgreSQL: one
-	// REPEATABLE READ, read-only transaction; the in-memory store: one
-	// hold of its lock), so a commit that moves a subject's capacity and
-	// debt from one generation's account to another's, its pointer with
-	// them, or one that joins it to its owing set, is in both or in
-	// neither. In the owing map a subject with neither pointer nor rows
-	// is absent; a key with an empty Subject names none. The engine's
-	// views read AccountsView instead, which reads these with the heads
-	// and policies in the same snapshot.
-	AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]SubjectOwing, error)
 	// AccountsView returns what a view shows of subjects' accounts
 	// (AccountsView: their accounts, the owing rows of those that owe,
 	// the generation deciding for each and the policies of those
 	// generations and the accounts'), all from one snapshot of the
-	// committed rows, as AccountsWithOwing reads its two (SQLite: one
-	// read transaction; PostgreSQL: one REPEATABLE READ, read-only
+	// committed rows (SQLite: one read transaction; PostgreSQL: one REPEATABLE READ, read-only
 	// transaction; the in-memory store: one hold of its lock), through
 	// ReadAccountsView. A read view reads this, not the heads and
 	// policies on their own: a publish or rollback committed between two
@@ -290,8 +273,9 @@ type ReservationsRechecker interface {
 }
 
 // SubjectOwing is a subject's current pointer (HasCurrent false: none
-// stored) and its owing-set Meta rows by name, as Store.AccountsWithOwing
-// reads them.
+// stored) and its owing-set Meta rows by name (the row named
+// ledger.OwingMetaName and those named under it with "/"), as
+// Store.AccountsView reads them.
 type SubjectOwing struct {
 	Current    uint64
 	HasCurrent bool

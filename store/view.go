@@ -19,8 +19,8 @@ type AccountsView struct {
 	// key order, as AccountsOfSubjects returns them.
 	Accounts []ledger.Account
 	// Owing holds, for the subjects one of whose accounts owes debt, the
-	// current pointer and owing-set Meta rows (as AccountsWithOwing reads
-	// them; a subject with neither is absent). The others' accounts say
+	// current pointer and owing-set Meta rows (SubjectOwing; a subject
+	// with neither is absent). The others' accounts say
 	// they are not frozen.
 	Owing map[ledger.PolicyKey]SubjectOwing
 	// Deciding is the generation deciding for each subject

@@ -79,7 +79,7 @@ func main() {
 	shown := 0
 	for range *calls {
 		start := time.Now()
-		page, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
+		page, _, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
 		took = append(took, time.Since(start))
 		if err != nil {
 			log.Fatal(err)

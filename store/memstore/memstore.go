@@ -744,43 +744,6 @@ func copyShard(s *ledger.Shard) ledger.Shard {
 	return out
 }
 
-// AccountsWithOwing returns copies of the accounts of subjects, as
-// AccountsOfSubjects does, and by subject key their committed current
-// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), both
-// in one read (one hold of the lock). The hook of store.WithBetweenReads
-// runs after it.
-func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) (accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, err error) {
-	named := make(map[ledger.PolicyKey]bool, len(subjects))
-	for _, k := range subjects {
-		if k.Subject != "" {
-			named[k] = true
-		}
-	}
-	owing = map[ledger.PolicyKey]store.SubjectOwing{}
-	err = s.read(ctx, func(r *rows) error {
-		if len(named) == 0 {
-			return nil
-		}
-		for _, a := range r.accounts {
-			if named[a.Key.SubjectKey()] {
-				accounts = append(accounts, *a)
-			}
-		}
-		for k := range named {
-			if o, ok := owingOf(r, k); ok {
-				owing[k] = o
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	store.BetweenReads(ctx)
-	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
-	return accounts, owing, nil
-}
-
 // AccountsView returns the store.AccountsView of subjects
 // (store.ReadAccountsView), read in one hold of the lock. The hook of
 // store.WithBetweenReads runs after it.

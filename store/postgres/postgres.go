@@ -1041,46 +1041,6 @@ UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN 
 UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k
 	JOIN meta m ON m.name COLLATE "C" >= k.lo AND m.name COLLATE "C" < k.hi`
 
-// AccountsWithOwing returns the accounts of subjects, as
-// AccountsOfSubjects does, and by subject key their committed current
-// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), in one
-// REPEATABLE READ, read-only transaction (one snapshot, taken at its first
-// query): the accounts' query, then the owing rows'.
-func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, map[ledger.PolicyKey]store.SubjectOwing, error) {
-	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
-	if len(keys) == 0 {
-		return nil, map[ledger.PolicyKey]store.SubjectOwing{}, nil
-	}
-	slices.SortFunc(keys, ledger.PolicyKey.Compare)
-	keys = slices.Compact(keys)
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, nil, s.c.classify("accounts with owing: begin", err, false)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
-	for i, k := range keys {
-		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
-	}
-	rows, err := tx.Query(ctx, accountsOfSubjectsSQL, subj, route, region)
-	if err != nil {
-		return nil, nil, s.c.classify("accounts with owing", err, false)
-	}
-	accounts, _, err := scanAccounts(rows)
-	if err != nil {
-		return nil, nil, s.c.classify("accounts with owing", err, false)
-	}
-	store.BetweenReads(ctx)
-	owing, err := s.owingOfKeys(ctx, tx, keys)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, s.c.classify("accounts with owing: end", err, false)
-	}
-	return accounts, owing, nil
-}
-
 // AccountsView returns the store.AccountsView of subjects
 // (store.ReadAccountsView) from one REPEATABLE READ, read-only
 // transaction (one snapshot, taken at its first query): the accounts'

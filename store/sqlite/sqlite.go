@@ -1326,39 +1326,6 @@ func owingOfSubjectsSQL(n int) string {
 		" UNION ALL SELECT k.subject, k.route, k.region, 'm', m.name, m.value FROM k JOIN meta m ON m.name >= k.lo AND m.name < k.hi"
 }
 
-// AccountsWithOwing returns the accounts of subjects, as
-// AccountsOfSubjects does, and by subject key their committed current
-// pointers and owing-set Meta rows (store.Store.AccountsWithOwing), in one
-// read transaction on the read pool (one WAL snapshot): the accounts'
-// statements, then the owing rows' (up to 128 distinct keys a statement,
-// subjectChunkSizes, each kind prepared once).
-func (s *Store) AccountsWithOwing(ctx context.Context, subjects []ledger.PolicyKey) (accounts []ledger.Account, owing map[ledger.PolicyKey]store.SubjectOwing, err error) {
-	defer s.readBarrier(ctx, &err)
-	if s.closed.Load() {
-		return nil, nil, errClosed
-	}
-	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
-	slices.SortFunc(keys, ledger.PolicyKey.Compare)
-	keys = slices.Compact(keys)
-	if len(keys) == 0 {
-		return nil, map[ledger.PolicyKey]store.SubjectOwing{}, nil
-	}
-	tx, err := s.readDB.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("accounts with owing: %w", translate(ctx, err))
-	}
-	defer tx.Rollback()
-	if accounts, err = queryByKeys(ctx, inReadTx(ctx, tx, &s.r.accountsOfSubjects), scanAccount, "accounts with owing", keys); err != nil {
-		return nil, nil, err
-	}
-	store.BetweenReads(ctx)
-	if owing, err = owingByKeys(ctx, inReadTx(ctx, tx, &s.r.owingOf), keys); err != nil {
-		return nil, nil, err
-	}
-	slices.SortFunc(accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
-	return accounts, owing, nil
-}
-
 // AccountsView returns the store.AccountsView of subjects
 // (store.ReadAccountsView) from one read transaction on the read pool
 // (one WAL snapshot): the accounts' statements, then the owing rows',

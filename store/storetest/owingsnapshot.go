@@ -11,14 +11,14 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// AccountsWithOwing reads a subject's accounts and its current pointer and
+// AccountsView reads a subject's accounts and its current pointer and
 // owing-set rows from one snapshot: a commit between its reads
 // (store.WithBetweenReads) that moves the subject's capacity and debt from
 // generation 1's account to generation 2's, with its pointer, and joins it
 // to its owing set, is in both parts of the answer or in neither (not
 // generation 1's debt shown beside a pointer at generation 2, nor both
 // accounts' capacity); the next read has it in both.
-func testAccountsWithOwingOneSnapshot(t *testing.T, s store.Store) {
+func testAccountsViewOwingOneSnapshot(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	subject := ledger.PolicyKey{Subject: "t7", Route: "chat", Region: "eu"}
 	other := ledger.PolicyKey{Subject: "t8", Route: "chat", Region: "eu"}
@@ -51,10 +51,11 @@ func testAccountsWithOwingOneSnapshot(t *testing.T, s store.Store) {
 	asked := []ledger.PolicyKey{subject, other}
 	read := func(ctx context.Context) view {
 		t.Helper()
-		accounts, owing, err := s.AccountsWithOwing(ctx, asked)
+		got, err := s.AccountsView(ctx, asked)
 		if err != nil {
 			t.Fatal(err)
 		}
+		accounts, owing := got.Accounts, got.Owing
 		var v view
 		for _, a := range accounts {
 			if a.Key.SubjectKey() == subject {
@@ -89,7 +90,7 @@ func testAccountsWithOwingOneSnapshot(t *testing.T, s store.Store) {
 	}
 }
 
-// view is what AccountsWithOwing returns of one subject.
+// view is what AccountsView returns of one subject's accounts and owing rows.
 type view struct {
 	accounts []ledger.Account
 	owing    store.SubjectOwing

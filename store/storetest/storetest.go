@@ -101,8 +101,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
-		{"AccountsWithOwing", testAccountsWithOwing},
-		{"AccountsWithOwingOneSnapshot", testAccountsWithOwingOneSnapshot},
+		{"AccountsViewOwing", testAccountsViewOwing},
+		{"AccountsViewOwingOneSnapshot", testAccountsViewOwingOneSnapshot},
 		{"AccountsViewOneSnapshot", testAccountsViewOneSnapshot},
 		{"PolicyHeads", testPolicyHeads},
 		{"PoliciesOfGenerations", testPoliciesOfGenerations},
@@ -1546,23 +1546,25 @@ func testPolicyChanges(t *testing.T, s store.Store) {
 	want("the second rollback", 5)
 }
 
-// AccountsWithOwing returns each named subject's accounts, as
-// AccountsOfSubjects does, and its committed current pointer and
-// owing-set rows, not another subject's whose key (or owing-set name)
-// its own prefixes, nor other meta rows; a subject with neither is
-// absent from the owing map; nothing uncommitted; 200 subjects (past
-// SQLite's statements of 128) come back whole.
-func testAccountsWithOwing(t *testing.T, s store.Store) {
+// AccountsView returns each named subject's accounts, as
+// AccountsOfSubjects does, and for each that owes its committed current
+// pointer and owing-set rows, not another subject's whose key (or
+// owing-set name) its own prefixes, nor other meta rows; a subject with
+// neither, or none of whose accounts owes, is absent from the owing map;
+// nothing uncommitted; 200 subjects (past SQLite's statements of 128)
+// come back whole.
+func testAccountsViewOwing(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	key := func(subject, region string) ledger.PolicyKey {
 		return ledger.PolicyKey{Subject: subject, Route: "chat", Region: region}
 	}
 	owingOf := func(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]store.SubjectOwing, error) {
 		t.Helper()
-		accounts, owing, err := s.AccountsWithOwing(ctx, subjects)
+		view, err := s.AccountsView(ctx, subjects)
 		if err != nil {
 			return nil, err
 		}
+		accounts, owing := view.Accounts, view.Owing
 		want, err := s.AccountsOfSubjects(ctx, subjects)
 		if err != nil {
 			t.Fatal(err)
@@ -1577,18 +1579,20 @@ func testAccountsWithOwing(t *testing.T, s store.Store) {
 		t.Errorf("empty store: %v, %v; want none", got, err)
 	}
 	for _, empty := range [][]ledger.PolicyKey{nil, {key("", "eu")}} {
-		if accounts, got, err := s.AccountsWithOwing(ctx, empty); err != nil || len(accounts) != 0 || len(got) != 0 {
-			t.Errorf("subjects %q: %v, %v, %v; want none", empty, accounts, got, err)
+		if view, err := s.AccountsView(ctx, empty); err != nil || len(view.Accounts) != 0 || len(view.Owing) != 0 {
+			t.Errorf("subjects %q: %+v, %v; want none", empty, view, err)
 		}
 	}
 	base, nearBase := ledger.OwingMetaName(frozen), ledger.OwingMetaName(near)
 	accounts, _ := debtAccounts()
 	Commit(t, s, &store.Changes{
-		Meta:     map[string]int64{base: 2, base + "/0": 4, base + "/1": 9, nearBase: 1, nearBase + "/0": 3, "policy_generation": 9},
-		Currents: []store.Current{{Subject: frozen, Generation: 4}, {Subject: near, Generation: 3}, {Subject: plain, Generation: 7}},
+		Meta: map[string]int64{base: 2, base + "/0": 4, base + "/1": 9, nearBase: 1, nearBase + "/0": 3, "policy_generation": 9},
+		Currents: []store.Current{{Subject: frozen, Generation: 4}, {Subject: near, Generation: 3}, {Subject: plain, Generation: 7},
+			{Subject: key("t", "eu"), Generation: 1}},
 		Accounts: accounts,
 	})
-	got, err := owingOf(ctx, []ledger.PolicyKey{frozen, plain, none, frozen, key("", "eu")})
+	// t/chat/eu has a current pointer but owes nothing: absent.
+	got, err := owingOf(ctx, []ledger.PolicyKey{frozen, plain, none, frozen, key("", "eu"), key("t", "eu")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1621,7 +1625,7 @@ func testAccountsWithOwing(t *testing.T, s store.Store) {
 		currents = append(currents, store.Current{Subject: k, Generation: uint64(i + 1)})
 		a := ledger.Account{Key: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: uint64(i + 1)},
 			Dims: 1, EpochStart: at(0), Version: 1}
-		a.Balances[0] = noDebt()
+		a.Balances[0] = owing(1, 0)
 		many = append(many, a)
 	}
 	Commit(t, s, &store.Changes{Currents: currents, Accounts: many})
