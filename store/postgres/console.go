@@ -17,12 +17,14 @@ var _ store.ConsoleStore = (*Store)(nil)
 // records are single statements, each its own transaction.
 const (
 	// $1 subject, $2 state, $3 limit, $4 and $5 the cursor: a range of
-	// reservations_by_subject read backwards.
+	// reservations_by_subject_route read backwards.
 	subjectFirstSQL = reservationSelect + ` WHERE subject = $1 AND state = $2
 		ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT $3`
 	subjectBeforeSQL = reservationSelect + ` WHERE subject = $1 AND state = $2
 		AND (created_at, id COLLATE "C") < ($4, $5 COLLATE "C")
 		ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT $3`
+	// The subject's range of reservations_by_subject_route, which
+	// includes the route: an index-only scan (schema 24).
 	subjectStatesSQL = `SELECT route, state, count(*) FROM reservations WHERE subject = $1
 		GROUP BY route, state ORDER BY route COLLATE "C", state`
 	retainedOfSQL = `SELECT route, region, generation, reservations FROM retained
@@ -59,7 +61,7 @@ const (
 
 // ReservationsOfSubject returns up to f.Limit of the subject's
 // reservations in f's states, newest first: one range of
-// reservations_by_subject per state, merged.
+// reservations_by_subject_route per state, merged.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) ([]ledger.Reservation, error) {
 	if err := f.Check(); err != nil {
 		return nil, err
@@ -90,7 +92,9 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 }
 
 // ReservationStatesOfSubject counts the subject's reservations by route
-// and state, and reads what retention removed from its accounts.
+// and state, from reservations_by_subject_route alone (it reads a table
+// page only where the visibility map says it changed since the last
+// vacuum), and reads what retention removed from its accounts.
 func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) (store.SubjectStates, error) {
 	var out store.SubjectStates
 	what := "reservation states of " + subject

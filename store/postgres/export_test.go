@@ -28,6 +28,11 @@ var (
 	// AccountsPage's queries of one route.
 	PageOfRouteSQL     = pageOfRouteSQLText
 	PageOfRoutePastSQL = pageOfRoutePastSQLText
+	// ReservationStatesOfSubject's count and ReservationsOfSubject's
+	// pages.
+	SubjectStatesSQL = subjectStatesSQL
+	SubjectFirstSQL  = subjectFirstSQL
+	SubjectBeforeSQL = subjectBeforeSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams
