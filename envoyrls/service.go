@@ -1018,6 +1018,13 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 		it.over = true
 		return nil
 	}
+	if server.Stale(&it.cmds[0], res) {
+		// Still mapped for a generation that no longer decides after
+		// server.StaleRetries remappings (runFirstCurrent): publishes on
+		// the key raced the check. Nothing was applied; the call fails
+		// UNAVAILABLE as Reserve answers it, not INVALID_ARGUMENT.
+		return server.StaleError(fmt.Sprintf("%s %s", it.cmds[0].Kind, it.rid), res)
+	}
 	out := server.Classify(res.Err)
 	if out.Capacity {
 		answers.Rejected(res)

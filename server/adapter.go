@@ -266,6 +266,12 @@ func Stale(cmd *ledger.Command, res *ledger.Result) bool { return stale(cmd, res
 // StaleRetries bounds the remapping of a stale reserve.
 const StaleRetries = staleRetries
 
+// StaleError is the answer to a command (what names it) that the ledger
+// still refused as stale (res) after StaleRetries remappings, as every
+// LedgerService method answers it: 503 unavailable, STORE_CONFLICT, "not
+// applied", retry with the same ids.
+func StaleError(what string, res *ledger.Result) *connect.Error { return staleError(what, res) }
+
 // Outcome is the wire meaning of one ledger outcome: the status code, the
 // reason of ErrorDetail / RejectionDetail, and whether it is a capacity
 // rejection (RESOURCE_EXHAUSTED, 429).

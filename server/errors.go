@@ -276,6 +276,21 @@ func operatingError(what string, err error) *connect.Error {
 	return withReason(connect.NewError(code, msg), reason)
 }
 
+// staleError is the answer to a command the ledger still refused as
+// stale (res: mapped for a generation that no longer decides) after it
+// was mapped again staleRetries times: publishes on its policy key raced
+// every attempt. Nothing was applied, and the request is not malformed: a
+// retry maps it by the generation that decides then. So it is answered as
+// a conflict that persisted (operatingError): 503 unavailable,
+// STORE_CONFLICT, "not applied", retry with the same ids, not as the
+// ledger's refusal (400 INVALID_COMMAND), which tells a client to fix a
+// request that was fine.
+func staleError(what string, res *ledger.Result) *connect.Error {
+	return withReason(connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+		"%s: not applied (the deciding policy generation changed while the call ran), retry with the same ids: %s",
+		what, outcomeMessage(res.Err))), ReasonStoreConflict)
+}
+
 // readError maps a failed read (nothing was changed, so no "outcome
 // unknown"): store.ErrNotFound becomes notFound's answer with the given
 // reason, naming the missing row (named), else what; any other error is

@@ -480,10 +480,14 @@ func stale(cmd *ledger.Command, res *ledger.Result) bool {
 // refused it as stale (another generation decides) and fewer than
 // staleRetries attempts were made, it reloads the policy cache and
 // returns true, so that the caller maps the command again; false to
-// answer res as it is; or the reload's error (what names the call).
+// answer res as it is; or the answer instead of res (what names the
+// call): the reload's error, or staleError once the retries are spent.
 func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *ledger.Command, res *ledger.Result) (bool, *connect.Error) {
-	if !stale(cmd, res) || attempt >= staleRetries {
+	if !stale(cmd, res) {
 		return false, nil
+	}
+	if attempt >= staleRetries {
+		return false, staleError(what, res)
 	}
 	if err := s.policies.refreshStale(ctx, ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}, res.Generation); err != nil {
 		return false, notSentError(what+": policies", ReasonNoPolicy, err)
