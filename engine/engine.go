@@ -25,8 +25,9 @@ type Options struct {
 	// (default 250ms); EpochInterval how often ended epochs are closed
 	// and superseded generations drained (default 1 minute), and besides
 	// within a second of the end of an accounting epoch of any policy the
-	// last run read (epochWatch: a policy published since counts from the
-	// next run). Workers are off when DisableWorkers is set.
+	// last run read or published through this engine since (epochWatch:
+	// one published through another engine counts from the next run).
+	// Workers are off when DisableWorkers is set.
 	WorkerInterval time.Duration
 	EpochInterval  time.Duration
 	DisableWorkers bool
@@ -152,7 +153,11 @@ type Engine struct {
 	drainPolicies DrainPolicies
 	epochScans    EpochScans
 	epochWatch    epochWatch
-	pace          workerPacer
+	// published holds the epoch lengths of the policies published
+	// through this engine since the epoch worker last looked, for its
+	// watch (runEpochsWhenDue).
+	published publishedEpochs
+	pace      workerPacer
 	// fails are the workers' failure runs (workerlog.go), one failLog
 	// per worker (the resolver's is its own: Resolver.fails) and the
 	// lease loop's.
@@ -321,7 +326,11 @@ func (e *Engine) Do(ctx context.Context, cmd ledger.Command) (ledger.Result, err
 // DoBatch applies several commands in order, in one transaction, and
 // returns one result per command; errors as for Do.
 func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
-	return e.doBatch(ctx, cmds, false)
+	results, err := e.doBatch(ctx, cmds, false)
+	if err == nil {
+		e.published.note(cmds, results)
+	}
+	return results, err
 }
 
 // doMaintenance is DoBatch for a maintenance worker's commands: the
@@ -662,8 +671,53 @@ func (w *epochWatch) ended(now time.Time) bool {
 	return false
 }
 
-// runEpochsWhenDue runs runEpochs when epochWatch says so.
+// publishedEpochs collects the epoch lengths of policies published
+// through this engine (DoBatch) until the epoch worker takes them.
+type publishedEpochs struct {
+	mu      sync.Mutex
+	lengths []time.Duration
+}
+
+// note records the epoch length of each policy cmds published.
+func (p *publishedEpochs) note(cmds []ledger.Command, results []ledger.Result) {
+	for i := range cmds {
+		c := &cmds[i]
+		if c.Kind != ledger.KindPublishPolicy || c.Policy == nil || i >= len(results) || results[i].Err != nil {
+			continue
+		}
+		length := c.Policy.EpochLength
+		if length <= 0 {
+			length = ledger.DefaultEpochLength
+		}
+		p.mu.Lock()
+		if !slices.Contains(p.lengths, length) {
+			p.lengths = append(p.lengths, length)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// take returns the lengths noted since the last take and forgets them.
+func (p *publishedEpochs) take() []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lengths := p.lengths
+	p.lengths = nil
+	return lengths
+}
+
+// runEpochsWhenDue runs runEpochs when epochWatch says so. The epoch
+// lengths of policies published through this engine since are watched
+// from then on, so the end of a new policy's first epoch starts a pass
+// within epochWatchInterval even when no policy the last pass read had
+// its epoch length (one published through another replica is read by
+// the next pass, up to an EpochInterval later).
 func (e *Engine) runEpochsWhenDue(ctx context.Context) {
+	for _, length := range e.published.take() {
+		if !slices.Contains(e.epochWatch.lengths, length) {
+			e.epochWatch.lengths = append(e.epochWatch.lengths, length)
+		}
+	}
 	if e.epochWatch.due(e.opts.Clock(), e.opts.EpochInterval) {
 		e.runEpochs(ctx)
 	}

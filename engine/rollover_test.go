@@ -499,3 +499,48 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	}
 	auditClean(t, e)
 }
+
+// A policy published after the epoch worker's last pass, with an epoch
+// length no earlier policy had, is watched from its publish on: its busy
+// account's epoch is closed a second past its end, in a statement of that
+// epoch alone, not up to an EpochInterval later in one statement that
+// spans every epoch since.
+func TestEpochWorkerWatchesAPolicyPublishedSinceItsLastPass(t *testing.T) {
+	clk := newClock()
+	st := memstore.New()
+	e := leadingEngine(t, st, Options{Clock: clk.Now, EpochInterval: time.Hour})
+	ctx := context.Background()
+	publish(t, e, 1000, time.Hour, time.Hour) // epochs of one hour
+	mustDo(t, e, reserveCmd("rl-hour", 1))
+	clk.Advance(time.Minute)
+	e.runEpochsWhenDue(ctx) // the last pass: it knows only the one-hour epochs
+
+	short := ledger.Policy{
+		Key:         ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.short", Region: "eu"},
+		Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 10, RefillInterval: time.Second}},
+		HoldTTL:     time.Hour,
+		EpochLength: 10 * time.Second,
+	}.WithDefaults()
+	mustDo(t, e, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &short})
+	cmd := reserveCmd("rl-short", 5)
+	cmd.Route = "chat.short"
+	mustDo(t, e, cmd)
+	start := ledger.EpochStartOf(clk.Now(), short.EpochLength)
+	clk.Advance(start.Add(short.EpochLength + time.Second).Sub(clk.Now())) // a second past its epoch's end
+	e.runEpochsWhenDue(ctx)
+
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var closed []ledger.Statement
+	for _, s := range snap.Statements {
+		if s.Account.Route == "chat.short" {
+			closed = append(closed, s)
+		}
+	}
+	if len(closed) != 1 || !closed[0].EpochStart.Equal(start) || !closed[0].EpochEnd.Equal(start.Add(short.EpochLength)) {
+		t.Fatalf("a second past the end of the new policy's first epoch (%s): statements %+v; want one, of that epoch", start, closed)
+	}
+	auditClean(t, e)
+}
