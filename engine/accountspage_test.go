@@ -85,7 +85,7 @@ func TestAccountsPageShowsWholeSubjectKeys(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if deciding := with.Deciding; !reflect.DeepEqual(deciding, wantDeciding) {
+			if deciding := with.deciding(); !reflect.DeepEqual(deciding, wantDeciding) {
 				t.Errorf("pages of %d: deciding %v for subjects %v, want %v", limit, deciding, subjects, wantDeciding)
 			}
 		}

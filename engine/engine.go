@@ -878,38 +878,48 @@ const maxDebtScans = 8
 // deciding and rolled back, or deciding beside a subject's capacity that
 // a publish or rollback already moved.
 type ShownWith struct {
-	// Deciding holds the generation deciding for each subject key of the
-	// accounts shown (absent: none decides), as DecidingGenerations would
-	// have answered in that snapshot.
-	Deciding map[ledger.PolicyKey]uint64
-	// Policies holds the policy of each account shown (of its
-	// generation), by account key, as read in that snapshot.
-	Policies map[ledger.AccountKey]ledger.Policy
+	// one is the view every account shown was read from (AccountsPage,
+	// a console page); nil when each subject key has its own (of).
+	one *store.AccountsView
+	// of holds each shown subject key's view (AccountsInDebt: one view a
+	// store page, for the subjects first seen there).
+	of map[ledger.PolicyKey]*store.AccountsView
+}
+
+// ShownWithView is a ShownWith of accounts all read from view (the
+// console's standings for a key).
+func ShownWithView(view *store.AccountsView) ShownWith { return ShownWith{one: view} }
+
+// viewOf returns the view subject's accounts were read from; nil when none
+// was shown.
+func (w ShownWith) viewOf(subject ledger.PolicyKey) *store.AccountsView {
+	if w.one != nil {
+		return w.one
+	}
+	return w.of[subject]
 }
 
 // Decides reports whether key's generation decided for its subject key
-// when it was shown.
+// when it was shown (as DecidingGenerations would have answered in that
+// snapshot).
 func (w ShownWith) Decides(key ledger.AccountKey) bool {
-	g, ok := w.Deciding[key.SubjectKey()]
+	v := w.viewOf(key.SubjectKey())
+	if v == nil {
+		return false
+	}
+	g, ok := v.Deciding[key.SubjectKey()]
 	return ok && g == key.Generation
 }
 
-// add records view's deciding generations of subjects and the policies
-// of accounts into w.
-func (w ShownWith) add(view store.AccountsView, accounts []ledger.Account) {
-	for i := range accounts {
-		k := accounts[i].Key
-		if g, ok := view.Deciding[k.SubjectKey()]; ok {
-			w.Deciding[k.SubjectKey()] = g
-		}
-		if p, ok := view.Policies[k.Generation]; ok {
-			w.Policies[k] = p
-		}
+// Policy returns the policy of the account of key (of its generation) as
+// read in the snapshot of its balances; ok is false when it was not shown.
+// The views' own maps are looked up, not copied per account: a console
+// scan of a million accounts shows each with no allocation of its own.
+func (w ShownWith) Policy(key ledger.AccountKey) (p ledger.Policy, ok bool) {
+	if v := w.viewOf(key.SubjectKey()); v != nil {
+		p, ok = v.Policies[key.Generation]
 	}
-}
-
-func newShownWith() ShownWith {
-	return ShownWith{Deciding: map[ledger.PolicyKey]uint64{}, Policies: map[ledger.AccountKey]ledger.Policy{}}
+	return p, ok
 }
 
 // AccountsInDebt returns up to f.Limit accounts that owe debt now, in key
@@ -936,7 +946,7 @@ func newShownWith() ShownWith {
 // from one snapshot). A subject key is viewed once a call, so all its
 // rows shown stood together.
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, with ShownWith, next ledger.AccountKey, more bool, err error) {
-	with = newShownWith()
+	with = ShownWith{of: map[ledger.PolicyKey]*store.AccountsView{}}
 	if f.Limit <= 0 {
 		return nil, with, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
@@ -1009,7 +1019,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			for j := range accounts {
 				if dim, _ := accounts[j].Debt(); accounts[j].Key == key && dim >= 0 {
 					out = append(out, accounts[j])
-					with.add(*view, accounts[j:j+1])
+					with.of[subject] = view
 				}
 			}
 		}
@@ -1110,7 +1120,6 @@ func decidingOfView(view store.AccountsView) func(ledger.PolicyKey) (uint64, boo
 // (store.Store.AccountsView), so the accounts, the deciding
 // generations and the policies stood together.
 func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, with ShownWith, next ledger.AccountKey, more bool, err error) {
-	with = newShownWith()
 	after := f.After
 	limit := max(f.Limit, 1)
 	f.Limit = limit
@@ -1147,7 +1156,7 @@ func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []l
 		next = view.Accounts[n-1].Key // the last subject read again has one more
 	}
 	shown, err := e.shown(view)
-	with.add(view, shown)
+	with = ShownWithView(&view)
 	return shown, with, next, more, err
 }
 

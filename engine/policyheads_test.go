@@ -132,7 +132,7 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 
 	st.reset()
 	page, with, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: n + 1})
-	deciding := with.Deciding
+	deciding := with.deciding()
 	if err != nil || len(page) != n || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}
@@ -149,7 +149,7 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 	pages := int64(0)
 	for after, more := (ledger.AccountKey{}), true; more; pages++ {
 		page, with, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: 100})
-		deciding = with.Deciding
+		deciding = with.deciding()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +216,7 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 
 	st.reset()
 	page, with, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: len(changes.Accounts) + 1})
-	deciding := with.Deciding
+	deciding := with.deciding()
 	if err != nil || len(page) != len(changes.Accounts) || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}

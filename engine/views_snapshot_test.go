@@ -20,9 +20,11 @@ type shownView struct {
 }
 
 func (v shownView) String() string {
-	s := fmt.Sprintf("deciding %v;", v.with.Deciding)
-	for k, p := range v.with.Policies {
-		s += fmt.Sprintf(" %s policy %d rolled back %v;", k, p.Generation, p.RolledBack)
+	s := fmt.Sprintf("deciding %v;", v.with.deciding())
+	for _, a := range v.accounts {
+		if p, ok := v.with.Policy(a.Key); ok {
+			s += fmt.Sprintf(" %s policy %d rolled back %v;", a.Key, p.Generation, p.RolledBack)
+		}
 	}
 	for _, a := range v.accounts {
 		s += fmt.Sprintf(" %s v%d %+v;", a.Key, a.Version, a.Balances[0])

@@ -224,7 +224,7 @@ func (pp pagePolicies) get(ctx context.Context, generation uint64) (ledger.Polic
 // with (engine.ShownWith: read in one snapshot with its balances); one
 // not there (never, from the engine's views) is asked again (Policy).
 func (s *Server) shownPolicy(ctx context.Context, with engine.ShownWith, key ledger.AccountKey) (ledger.Policy, *connect.Error) {
-	if p, ok := with.Policies[key]; ok {
+	if p, ok := with.Policy(key); ok {
 		return p, nil
 	}
 	return s.Policy(ctx, key.Generation)

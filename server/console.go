@@ -411,12 +411,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if accounts, view, err = c.accounts(ctx, key); err != nil {
 			return nil, err
 		}
-		with = engine.ShownWith{Deciding: view.Deciding, Policies: map[ledger.AccountKey]ledger.Policy{}}
-		for i := range accounts {
-			if p, ok := view.Policies[accounts[i].Key.Generation]; ok {
-				with.Policies[accounts[i].Key] = p
-			}
-		}
+		with = engine.ShownWithView(&view)
 	}
 	now := s.clock()
 	var standings []*v1.AccountStanding

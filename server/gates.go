@@ -108,7 +108,7 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 		// account without one is left out.
 		for i := range page {
 			a := &page[i]
-			p, ok := with.Policies[a.Key]
+			p, ok := with.Policy(a.Key)
 			if !ok {
 				continue
 			}
