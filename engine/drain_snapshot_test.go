@@ -90,6 +90,29 @@ func TestDrainProgressNeverDrainedWhileItsKeyChanged(t *testing.T) {
 			if err == nil || passes != maxDrainPasses {
 				t.Errorf("a publish during each pass: %d passes, %v; want %d and an error", passes, err, maxDrainPasses)
 			}
+			// A rollback between the pass's read of the policy and of its
+			// key's head: shown rolled back (as it then stood), never
+			// neither active nor rolled back, a state it never had.
+			rolled := 0
+			drains, err := e.DrainProgress(context.WithValue(ctx, beforeHeadReadKey{}, func() {
+				if rolled++; rolled == 1 {
+					must(ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 1})
+				}
+			}), []uint64{1})
+			if err != nil || rolled == 0 || len(drains) != 1 || drains[0].Active || !drains[0].Policy.RolledBack {
+				t.Errorf("a rollback between the policy and the head (hook ran %d times): %+v, %v; want rolled back, not active", rolled, drains, err)
+			}
+			// A generation rolled back can never decide again: its pass
+			// stands while its key is published to during every pass
+			// (`rollback --wait` follows such a generation).
+			passes = 0
+			drains, err = e.DrainProgress(store.WithBetweenReads(ctx, func() {
+				passes++
+				publish(ledger.Units(4000 + passes))
+			}), []uint64{1})
+			if err != nil || passes != 1 || len(drains) != 1 || !drains[0].Policy.RolledBack {
+				t.Errorf("a rolled-back generation's key published to during its pass: %d passes, %+v, %v; want one pass answered", passes, drains, err)
+			}
 		})
 	}
 }

@@ -1281,13 +1281,6 @@ func (e *Engine) Policy(ctx context.Context, generation uint64) (ledger.Policy, 
 	return e.core.store.PolicyGet(ctx, generation)
 }
 
-// PoliciesOfGenerations returns the policies of generations by
-// generation, in one read (store.Store.PoliciesOfGenerations); one that
-// does not exist is absent.
-func (e *Engine) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
-	return e.core.store.PoliciesOfGenerations(ctx, generations)
-}
-
 // Shards returns every emergency shard.
 func (e *Engine) Shards(ctx context.Context) ([]ledger.Shard, error) {
 	return e.core.store.ShardList(ctx)

@@ -124,14 +124,23 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 		// pages and again after them: a publish or rollback of its key
 		// committed meanwhile (the head moved) may have made it active and
 		// let it take and spend capacity between the two, so the pass is
-		// read again. The same head at both ends means it was not active
-		// in between: a head that left a generation never comes back to it
-		// (a publish makes a newer one active, a rollback an older one,
-		// and only once the newer ones are rolled back).
+		// read again. The same head h at both ends means g was not active
+		// in between: the active generation is always the newest one not
+		// rolled back, so g (not h) could have become active only by h's
+		// rollback, and a rolled-back generation never decides again, so
+		// the head could not have come back to h. (The head may go h, h',
+		// h: a publish of h' and its rollback; g was not active then
+		// either.) A generation already rolled back when the pass began
+		// can never be active, so its pass stands whatever the head did:
+		// `rollback --wait` is answered while its key is published to.
 		for pass := 1; ; pass++ {
 			d, head, err := e.drainPass(ctx, g)
 			if err != nil {
 				return nil, err
+			}
+			if d.Policy.RolledBack {
+				out = append(out, d)
+				break
 			}
 			again, err := e.core.store.PolicyHead(ctx, d.Policy.Key)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -148,6 +157,10 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	}
 	return out, nil
 }
+
+// beforeHeadReadKey is the context key of the tests' hook that drainPass
+// calls between its reads of the generation's policy and of its key's head.
+type beforeHeadReadKey struct{}
 
 // maxDrainPasses bounds the passes DrainProgress reads for one generation
 // while its key's active generation keeps changing during them.
@@ -171,11 +184,25 @@ func (e *Engine) drainPass(ctx context.Context, g uint64) (GenerationDrain, uint
 		return GenerationDrain{}, 0, err
 	}
 	d := GenerationDrain{Policy: *p}
+	if f, ok := ctx.Value(beforeHeadReadKey{}).(func()); ok {
+		f() // the tests' hook: a commit between the policy and the head
+	}
 	active, err := policies.active(ctx, p.Key)
 	if err != nil {
 		return GenerationDrain{}, 0, err
 	}
 	d.Active = active != 0 && active == g
+	if !d.Active && !p.RolledBack {
+		// Read before the head, the policy may predate a rollback of g
+		// committed since, which the head shows (g no longer active): read
+		// it again, so the pass never shows g neither active nor rolled
+		// back while it was rolled back (rolled back is for good).
+		if again, err := e.core.store.PolicyGet(ctx, g); err == nil {
+			d.Policy = again
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return GenerationDrain{}, 0, err
+		}
+	}
 	store.BetweenReads(ctx) // the tests' hook: a commit between the head and the pages
 	f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
 	var waiting []*ledger.Account
