@@ -30,7 +30,8 @@ their counters are what it counted since it started, 0 if it never led),
 subjectIndex (SQLite: the console's subject index catching up). Ask each
 replica for its own view. It exits 5 when the server is not ready or
 cannot be reached, 1 when what answers at --addr is no capledger server
-(404: a wrong path or port).
+(404 or 405: a wrong path or port) or refuses the credentials (401 or
+403: a proxy in front of it; /statusz itself needs no token).
 
 Example:
   capledger status --addr http://10.0.0.7:7070
