@@ -76,11 +76,14 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 // API's JSON, copied into a file).
 func TestDocPolicyFilesLoad(t *testing.T) {
 	files := map[string]string{}
-	_, afterIntro, ok := strings.Cut(policyHelp, "naming its line and field:\n\n")
-	example, _, ok2 := strings.Cut(afterIntro, "\nExample:")
-	if !ok || !ok2 {
-		t.Fatal("policy --help: no example policy file between \"naming its line and field:\" and \"Example:\"")
+	// The example file is the indented block that starts with its subject
+	// line and ends before "Example:".
+	start := strings.Index(policyHelp, "\n\n  subject: ")
+	example, _, ok := strings.Cut(policyHelp[max(start, 0):], "\nExample:")
+	if start < 0 || !ok {
+		t.Fatal("policy --help: no example policy file (an indented block from \"  subject: \" to \"Example:\")")
 	}
+	example = strings.TrimPrefix(example, "\n\n")
 	files["policy --help"] = regexp.MustCompile(`(?m)^  `).ReplaceAllString(example, "")
 
 	rollout, err := os.ReadFile("../../docs/ROLLOUT.md")

@@ -38,7 +38,7 @@ A rollout moves a set of routes from shadow mode to enforcement in steps.
 While a route belongs to a rollout, the rollout decides whether its
 reserves are enforced or shadowed (the policy's own "rollout:" mode applies
 to the other routes). The share is chosen by a stable hash, stated at
-create and never changed:
+create (--by, route when left out) and never changed:
   --by route     a share of the routes: the routes ordered by the hash of
                  route and region, the first ceil(N% of them) enforced (at
                  least one above 0%); every request of an enforced route is
