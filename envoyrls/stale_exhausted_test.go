@@ -3,7 +3,6 @@ package envoyrls_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,56 +13,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/internal/racingstore"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 )
-
-// racingStore calls publish (a new generation of a policy, as another
-// replica publishes it) each time the server catches its policy cache up
-// after the ledger refused a command as stale (refreshStale's read of
-// what was published since), while armed: the check mapped again is stale
-// again by the time it reaches the ledger, on every attempt.
-type racingStore struct {
-	store.Store
-	mu        sync.Mutex
-	publish   func() // nil: disarmed
-	inside    bool
-	published int
-}
-
-func (s *racingStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
-	page, err := s.Store.PolicyPage(ctx, f)
-	s.mu.Lock()
-	publish := s.publish
-	fire := publish != nil && !s.inside
-	s.inside = s.inside || fire
-	s.mu.Unlock()
-	if fire {
-		publish()
-		s.mu.Lock()
-		s.inside = false
-		s.published++
-		s.mu.Unlock()
-	}
-	return page, err
-}
-
-// arm publishes once now, before the call, and on every catch-up after;
-// disarm stops it and returns how many catch-ups published since arm.
-func (s *racingStore) arm(publish func()) {
-	s.mu.Lock()
-	s.publish, s.published = publish, 0
-	s.mu.Unlock()
-	publish()
-}
-
-func (s *racingStore) disarm() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.publish = nil
-	return s.published
-}
 
 // A check whose policy key is published on (another replica) before each
 // attempt reaches the ledger is refused as stale every time; after the
@@ -74,9 +28,9 @@ func (s *racingStore) disarm() int {
 // with the ledger's refusal, a malformed request. Once the publishes stop,
 // the same check is answered.
 func TestCheckStaleOnEveryAttemptIsUnavailable(t *testing.T) {
-	var racing *racingStore
+	var racing *racingstore.Store
 	h := newHarness(t, options{config: testMapping(t), wrapStore: func(st store.Store) store.Store {
-		racing = &racingStore{Store: st}
+		racing = racingstore.New(st)
 		return racing
 	}})
 	h.publish("acme", "search", "requests", 10, 1, time.Hour, false) // cached as generation 1
@@ -107,10 +61,10 @@ func TestCheckStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 		}
 	}
 
-	racing.arm(publish)
+	racing.Arm(publish)
 	before := h.commandCounts()
 	_, err := h.check(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{raced}})
-	if n := racing.disarm(); n != server.StaleRetries {
+	if n := racing.Disarm(); n != server.StaleRetries {
 		t.Fatalf("%d publishes raced the check's remappings, want %d (one per remapping)", n, server.StaleRetries)
 	}
 	wantUnavailable(err)
@@ -118,11 +72,11 @@ func TestCheckStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 
 	// Two descriptors: the raced one fails the check, the other's hold is
 	// released.
-	racing.arm(publish)
+	racing.Arm(publish)
 	before = h.commandCounts()
 	_, err = h.check(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
 		raced, descriptor(nil, "tenant", "calm", "route", "search")}})
-	racing.disarm()
+	racing.Disarm()
 	wantUnavailable(err)
 	h.wantCounted(before, map[string]float64{"reserve/unavailable": 2, "release/unavailable": 1})
 	if b := h.balance("calm", "search"); b.Reserved != 0 || b.Spent != 0 || b.Available != 10 {

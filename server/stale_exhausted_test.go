@@ -9,57 +9,11 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/racingstore"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 )
-
-// racingStore publishes a new generation of tenant-7's policy, as another
-// replica would, each time the server catches its policy cache up after
-// the ledger refused a command as stale (refreshStale's read of what was
-// published since), while armed: the command mapped again is stale again
-// by the time it reaches the ledger, on every attempt.
-type racingStore struct {
-	store.Store
-	mu        sync.Mutex
-	publish   func() // nil: disarmed
-	inside    bool
-	published int
-}
-
-func (s *racingStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
-	page, err := s.Store.PolicyPage(ctx, f)
-	s.mu.Lock()
-	publish := s.publish
-	fire := publish != nil && !s.inside
-	s.inside = s.inside || fire
-	s.mu.Unlock()
-	if fire {
-		publish()
-		s.mu.Lock()
-		s.inside = false
-		s.published++
-		s.mu.Unlock()
-	}
-	return page, err
-}
-
-// arm makes every catch-up publish a generation (publish), and publishes
-// the first one now, before the call; disarm stops it and returns how many
-// catch-ups published since arm.
-func (s *racingStore) arm(publish func()) {
-	s.mu.Lock()
-	s.publish, s.published = publish, 0
-	s.mu.Unlock()
-	publish()
-}
-
-func (s *racingStore) disarm() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.publish = nil
-	return s.published
-}
 
 // publisher returns a function that publishes a new generation of
 // tenant-7's policy straight to the engine (past the server's cache, as
@@ -117,9 +71,9 @@ func wantStaleExhausted(t *testing.T, h *harness, r response) {
 // ledger's refusal, 400 INVALID_COMMAND: a malformed request, though a
 // retry succeeds.
 func TestStaleOnEveryAttemptIsUnavailable(t *testing.T) {
-	var racing *racingStore
+	var racing *racingstore.Store
 	h := newHarness(t, harnessOptions{shards: true, wrapStore: func(st store.Store) store.Store {
-		racing = &racingStore{Store: st}
+		racing = racingstore.New(st)
 		return racing
 	}})
 	emergency := strings.Replace(tokensPolicy, `"holdTtl"`, `"emergencyMode":true,"holdTtl"`, 1)
@@ -129,10 +83,10 @@ func TestStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 	publish, last := publisher(t, h.engine, true)
 
 	// Reserve.
-	racing.arm(publish)
+	racing.Arm(publish)
 	before := h.commandCounts()
 	wantStaleExhausted(t, h, h.call("Reserve", reserveBody("raced", 7), ""))
-	if n := racing.disarm(); n != server.StaleRetries {
+	if n := racing.Disarm(); n != server.StaleRetries {
 		t.Fatalf("%d publishes raced the reserve's remappings, want %d (one per remapping)", n, server.StaleRetries)
 	}
 	h.wantCounted(before, map[string]float64{"reserve/unavailable": 1})
@@ -145,10 +99,10 @@ func TestStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 
 	// RecordUsage.
 	record := `{"reservationId":"rec","operationId":"op-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":7,"requests":1}}`
-	racing.arm(publish)
+	racing.Arm(publish)
 	before = h.commandCounts()
 	wantStaleExhausted(t, h, h.call("RecordUsage", record, ""))
-	racing.disarm()
+	racing.Disarm()
 	h.wantCounted(before, map[string]float64{"record/unavailable": 1})
 	if res := h.ok("RecordUsage", record, ""); res["replayed"] == true || uint64(num(field(res, "reservation", "policyGeneration"))) != last() {
 		t.Fatalf("retry of the raced record: %v, want recorded now under generation %d", res, last())
@@ -157,10 +111,10 @@ func TestStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 	// ReserveBatch: the raced item answers its own 503; another key's
 	// item is admitted.
 	other := `{"reservationId":"calm","subject":"tenant-8","route":"chat.generate","units":{"tokens":5,"requests":1}}`
-	racing.arm(publish)
+	racing.Arm(publish)
 	before = h.commandCounts()
 	batch := h.ok("ReserveBatch", `{"requests":[`+reserveBody("b-raced", 5)+`,`+other+`]}`, "")
-	racing.disarm()
+	racing.Disarm()
 	outcomes := batch["outcomes"].([]any)
 	item := field(outcomes[0].(map[string]any), "error").(map[string]any)
 	if item["code"] != "unavailable" || field(item, "detail", "reason") != server.ReasonStoreConflict ||
@@ -184,10 +138,10 @@ func TestStaleOnEveryAttemptIsUnavailable(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		return h.do(req)
 	}
-	racing.arm(publish)
+	racing.Arm(publish)
 	shardsBefore := h.kindOutcomeCounts(metric)
 	wantStaleExhausted(t, h, issue())
-	racing.disarm()
+	racing.Disarm()
 	h.wantGrown(metric, shardsBefore, map[string]float64{"shard_issue/unavailable": 1})
 	if r := issue(); r.status != 200 || uint64(num(field(r.body, "shard", "policyGeneration"))) != last() {
 		t.Fatalf("retry of the raced issue: %d %s", r.status, r.raw)

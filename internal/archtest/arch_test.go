@@ -135,6 +135,8 @@ var layers = []layer{
 		why: "a test helper: a logger whose lines a test reads while the code under test still writes them; it knows nothing of the ledger"},
 	{pkg: "internal/replicatest", imports: []string{"client", "internal/childproc", "internal/logcapture", "internal/testport"}, testImports: []string{},
 		why: "a test helper for store/postgres, its failover gate and the SDK's replica tests: runs serve replicas on a fresh PostgreSQL schema as child processes and checks their clients' histories against a linearizability model of one account; it reaches the ledger only through the SDK's errors"},
+	{pkg: "internal/racingstore", imports: []string{"store"}, testImports: []string{},
+		why: "a test helper for server and envoyrls: a store that publishes a policy at each policy-cache catch-up, so a command is stale on every attempt; it wraps the store interface and names no driver"},
 	{pkg: "internal/testbinary", imports: nil, testImports: []string{}, stdOnly: true,
 		why: "a test helper that builds the commands a package's tests run as child processes, once per test binary; it knows nothing of the ledger"},
 	{pkg: "internal/tmpfs", imports: nil, testImports: []string{}, stdOnly: true,
