@@ -25,16 +25,7 @@ func TestDrainProgressNeverDrainedWhileItsKeyChanged(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			e := leadingEngine(t, open(t), Options{Clock: func() time.Time { return t0 }})
-			must := func(cmd ledger.Command) {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err == nil {
-					err = res.Err
-				}
-				if err != nil {
-					t.Fatalf("%s %s: %v", cmd.Kind, cmd.ReservationID, err)
-				}
-			}
+			must := func(cmd ledger.Command) { t.Helper(); mustDo(t, e, cmd) }
 			publish := func(burst ledger.Units) {
 				p := ledger.Policy{Key: key, HoldTTL: time.Hour, Dimensions: []ledger.Dimension{
 					{Unit: "tokens", Burst: burst, RefillUnits: 10, RefillInterval: time.Second}}}.WithDefaults()

@@ -25,16 +25,7 @@ func TestViewsOfAFrozenSubjectShowWhatTheNextCommandStores(t *testing.T) {
 			now := t0
 			e := leadingEngine(t, st, Options{Clock: func() time.Time { return now }})
 			key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
-			must := func(cmd ledger.Command) {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err == nil {
-					err = res.Err
-				}
-				if err != nil {
-					t.Fatalf("%s %s: %v", cmd.Kind, cmd.ReservationID, err)
-				}
-			}
+			must := func(cmd ledger.Command) { t.Helper(); mustDo(t, e, cmd) }
 			publish := func(dims ...ledger.Dimension) {
 				p := ledger.Policy{Key: key, Dimensions: dims}.WithDefaults()
 				must(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})

@@ -62,16 +62,7 @@ func TestViewsReadOneSnapshotWhileAPublishCommits(t *testing.T) {
 				ctx := context.Background()
 				now := t0
 				e := leadingEngine(t, open(t), Options{Clock: func() time.Time { return now }})
-				must := func(cmd ledger.Command) {
-					t.Helper()
-					res, err := e.Do(ctx, cmd)
-					if err == nil {
-						err = res.Err
-					}
-					if err != nil {
-						t.Fatalf("%s %s: %v", cmd.Kind, cmd.ReservationID, err)
-					}
-				}
+				must := func(cmd ledger.Command) { t.Helper(); mustDo(t, e, cmd) }
 				publish := func(burst, refill ledger.Units) {
 					p := ledger.Policy{Key: key, HoldTTL: time.Hour, Dimensions: []ledger.Dimension{
 						{Unit: "tokens", Burst: burst, RefillUnits: refill, RefillInterval: time.Second, MaxOverdraft: 500}}}.WithDefaults()
