@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // BenchmarkSubjectStateCounts measures ReservationStatesOfSubject (the
@@ -71,21 +72,6 @@ func BenchmarkSubjectStateCounts(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ResetTimer()
-	for range b.N {
-		st, err := s.ReservationStatesOfSubject(ctx, "tenant7")
-		if err != nil {
-			b.Fatal(err)
-		}
-		var total int64
-		for _, c := range st.Counts {
-			total += c.Count
-		}
-		if total != int64(n) {
-			b.Fatalf("counted %d reservations, want %d", total, n)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/count")
+	storetest.BenchSubjectCounts(b, s, "tenant7", int64(n))
 	b.ReportMetric(float64(size)/float64((k+1)*n), "index-B/reservation")
 }

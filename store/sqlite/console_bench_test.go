@@ -13,6 +13,7 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/sqlite"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // BenchmarkSubjectIndexCost measures what the console's index
@@ -138,22 +139,7 @@ func BenchmarkSubjectStateCounts(b *testing.B) {
 	if statErr != nil {
 		seedOneSubject(b, s, n)
 	}
-	b.ResetTimer()
-	for range b.N {
-		st, err := s.ReservationStatesOfSubject(ctx, "tenant7")
-		if err != nil {
-			b.Fatal(err)
-		}
-		var total int64
-		for _, c := range st.Counts {
-			total += c.Count
-		}
-		if total != int64(n) {
-			b.Fatalf("counted %d reservations, want %d", total, n)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/count")
+	storetest.BenchSubjectCounts(b, s, "tenant7", int64(n))
 }
 
 // seedOneSubject writes n reservations of tenant7 in transactions of
