@@ -712,6 +712,32 @@ func heldUpAtSwitch(b Book, current *Account, cp, p *Policy, units *Amounts) int
 	return -1
 }
 
+// beyondCurrentBurst returns the first of ap's dimensions in which units
+// (in ap's dimensions, not cut to its maxReservation) do not fit a, a
+// frozen subject's current account under ap, once its refill has filled
+// its burst beside its holds and those it counts elsewhere, with what the
+// deciding generation's account (p's) holds available there beside it
+// (subjectCapacity): the most refill brings the subject before the
+// switch to p; -1 when they fit everywhere, or a refills nothing (ap
+// rolled back: p's account refills instead, and slowestOwing reckons its
+// burst). Such a request may fit p's larger burst only after the switch,
+// and p's account then refills at its own rate from the switch on, so a
+// Retry-After reckoned on a's refill would come too early (refuseOwing
+// gives none).
+func beyondCurrentBurst(b Book, a *Account, ap, p *Policy, units *Amounts) int {
+	if !refillsFor(ap) {
+		return -1
+	}
+	deciding := decidingShare(b, a, ap, p)
+	for j := 0; j < a.Dims && j < len(ap.Dimensions); j++ {
+		room := max(ap.Dimensions[j].Burst-a.Balances[j].Reserved-a.HeldElsewhere[j], 0)
+		if units[j] > 0 && units[j] > room+deciding[j] {
+			return j
+		}
+	}
+	return -1
+}
+
 // refillsFor reports whether an owing current account under cp refills
 // units its deciding generation limits (bringOwingToNow): not when cp was
 // rolled back (it then refills only to repay).
