@@ -77,7 +77,7 @@ func TestOwingExplore(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("legacy budgets carved %d, reconciliations tried %d", exploreCarved, exploreReconciled)
+	t.Logf("legacy budgets carved %d, reconciliations tried %d, holds expired %d", exploreCarved, exploreReconciled, exploreExpired)
 	if retry == retryWait {
 		t.Logf("retries with a command during the wait %d, refused at the Retry-After %d (each after a handover, admitted one refill interval later)", exploreProbed, exploreProbeShort)
 	}
@@ -89,8 +89,8 @@ func TestOwingExplore(t *testing.T) {
 // exploreCarved and exploreReconciled count the walks' legacy steps;
 // exploreProbed the retries checked with a command during the wait
 // (EXPLORE_RETRY=wait), exploreProbeShort those refused at the
-// Retry-After.
-var exploreCarved, exploreReconciled, exploreProbed, exploreProbeShort int
+// Retry-After; exploreExpired the holds expired (EXPLORE_EXPIRY).
+var exploreCarved, exploreReconciled, exploreProbed, exploreProbeShort, exploreExpired int
 
 // retryMode is what a walk checks of a refusal's Retry-After
 // (EXPLORE_RETRY): nothing, the retry after it with nothing else
@@ -220,6 +220,25 @@ func exploreSeed(seed int, retry retryMode) (string, []exploreStep) {
 		}
 		n := 10 + rng.IntN(40)
 		for step := 0; step < n; step++ {
+			if exploreExpiry && len(ids) > 0 && rng.IntN(6) == 0 {
+				// A hold running out (the expiry worker's two commands)
+				// or started work marked USAGE_UNKNOWN, after time
+				// enough for some holds to have run out.
+				id := ids[rng.IntN(len(ids))]
+				do(exploreStep{advance: time.Duration(rng.IntN(40)) * time.Second})
+				if rng.IntN(3) == 0 {
+					do(exploreStep{cmd: ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id, Cause: ledger.CauseRequest}, desc: "unknown " + id})
+				} else {
+					do(exploreStep{cmd: ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: id, Cause: ledger.CauseHoldExpired}, desc: "expire claim " + id})
+					if do(exploreStep{cmd: ledger.Command{Kind: ledger.KindExpire, ReservationID: id, Cause: ledger.CauseHoldExpired}, desc: "expire " + id}).Err == nil {
+						exploreExpired++
+					}
+				}
+				if m := mintBound(c); m != "" && !exploreVary {
+					panic("mint bound: " + m)
+				}
+				continue
+			}
 			switch k := rng.IntN(20); {
 			case k < 3 || len(gens) == 0:
 				var dims []ledger.Dimension
@@ -502,8 +521,10 @@ func exploreRetryBesideProbe(steps []exploreStep, seed, step int, cmd ledger.Com
 			desc, at, res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter, before))
 	}
 	var interval time.Duration
-	for _, d := range exploreDims {
-		interval = max(interval, d.RefillInterval)
+	for _, p := range fork.m.Snapshot().Policies {
+		for _, d := range p.Dimensions {
+			interval = max(interval, d.RefillInterval)
+		}
 	}
 	fork.advance(interval)
 	late := cmd
@@ -554,12 +575,14 @@ func exploreProbe(c *checked, rng *splitmix, cmd ledger.Command) (ledger.Command
 // exploreVary (EXPLORE_TERMS=vary) draws each published generation's
 // burst and refill per unit (exploreTerms) instead of one set of terms
 // per unit; the one-bucket bound (mintBound) assumes one set, so it is
-// not checked then. exploreReplayEach (EXPLORE_REPLAY=1) applies every
+// not checked then. exploreExpiry (EXPLORE_EXPIRY=1) adds holds running
+// out and started work marked USAGE_UNKNOWN. exploreReplayEach (EXPLORE_REPLAY=1) applies every
 // command a second time at once, as a gateway retrying a lost answer
 // does (exploreCheckReplay).
 var (
 	exploreVary       = os.Getenv("EXPLORE_TERMS") == "vary"
 	exploreReplayEach = os.Getenv("EXPLORE_REPLAY") != ""
+	exploreExpiry     = os.Getenv("EXPLORE_EXPIRY") != ""
 )
 
 // exploreTerms returns d, or with EXPLORE_TERMS=vary d with a burst and a
@@ -584,7 +607,8 @@ func exploreTerms(d ledger.Dimension, rng *splitmix) ledger.Dimension {
 // answers with the same receipt.
 func exploreCheckReplay(c *checked, cmd ledger.Command, res ledger.Result) {
 	switch cmd.Kind {
-	case ledger.KindReserve, ledger.KindStart, ledger.KindSettle, ledger.KindRelease, ledger.KindRecord, ledger.KindShardReconcile:
+	case ledger.KindReserve, ledger.KindStart, ledger.KindSettle, ledger.KindRelease, ledger.KindRecord, ledger.KindShardReconcile,
+		ledger.KindExpireClaim, ledger.KindExpire, ledger.KindMarkUsageUnknown:
 	default:
 		return
 	}
