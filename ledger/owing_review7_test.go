@@ -54,3 +54,44 @@ func TestOwingReview7NoRetryAfterBeyondTheCurrentBurst(t *testing.T) {
 			first.RetryAfter, first.Err, first.Dimension, again.Err, again.Dimension, again.RetryAfter)
 	}
 }
+
+// Promise (docs/API.md Retry-After: a command that hands the subject's
+// capacity to another of its accounts during the wait loses up to one
+// refillInterval of refill, and one refillInterval after the Retry-After
+// the retry is admitted), as the walk met it with terms drawn per
+// generation (EXPLORE_TERMS=vary EXPLORE_RETRY=wait, seeds 208, 1089,
+// ...): g1 (tokens at 100 a second, images) spends its tokens and owes an
+// image, which g2 (tokens at 10 a second) does not limit. A reserve of 500
+// tokens is refused for 5 s, reckoned on g1's refill; a second gateway's
+// early retry at 2 s, once the image is repaid, switches the subject to
+// g2 with 200 tokens, and g2 refills the rest at its own rate: reckoned
+// on g1's terms alone the retry was refused for half a minute more.
+func TestOwingReview7RetryAfterCountsTheDecidingRefill(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(
+		ledger.Dimension{Unit: "tokens", Burst: 1000, RefillUnits: 100, RefillInterval: time.Second, MaxOverdraft: 500},
+		ledger.Dimension{Unit: "images", Burst: 2, RefillUnits: 1, RefillInterval: time.Second, MaxOverdraft: 5}))
+	c.must(c.reserve("work", 1000, 1))
+	c.must(c.start("work"))
+	c.must(c.settle("work", 1000, 3))
+	g2 := c.publish(policyOf(ledger.Dimension{Unit: "tokens", Burst: 1000, RefillUnits: 10, RefillInterval: time.Second, MaxOverdraft: 500}))
+
+	first := c.reserve("x", 500)
+	if !errors.Is(first.Err, ledger.ErrAdmissionFrozen) || first.Generation != g2 || first.RetryAfter == 0 {
+		t.Fatalf("reserve of 500 tokens while g1 owes an image: %v (generation %d, retry after %s); want %v under generation %d with a Retry-After",
+			first.Err, first.Generation, first.RetryAfter, ledger.ErrAdmissionFrozen, g2)
+	}
+	c.advance(2 * time.Second)
+	early := c.reserve("x-early", 500) // another gateway, early: the subject switches to g2
+	if early.Err == nil {
+		return // admitted early: nothing was promised then
+	}
+	if current, _ := c.m.AccountCurrent(testSubject); current != g2 {
+		t.Fatalf("after the image was repaid the subject's current generation is %d; want %d (the handover this test is about)", current, g2)
+	}
+	c.advance(first.RetryAfter - 2*time.Second + time.Second) // one refill interval after the Retry-After
+	if again := c.reserve("x-retry", 500); again.Err != nil {
+		t.Fatalf("refused with Retry-After %s (%v); after a handover at 2 s, the retry one refill interval after it: %v (%s, retry after %s)",
+			first.RetryAfter, first.Err, again.Err, again.Dimension, again.RetryAfter)
+	}
+}

@@ -188,6 +188,13 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 	}
 	capacity := subjectCapacity(b, a, ap, p)
 	rej := admit(&capacity, ap, &units, now)
+	if terms := decidingRefill(ap, p); terms != ap {
+		// Reckoned on p's refill terms too (a switch during the wait
+		// leaves the rest to p's account's refill): the later wait.
+		if onP := admit(&capacity, terms, &units, now); slower(onP.retryAfter, rej.retryAfter) {
+			rej.dimension, rej.retryAfter = onP.dimension, onP.retryAfter
+		}
+	}
 	if rej.err == nil || !errors.Is(rej.err, ErrAdmissionFrozen) {
 		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
 	}
