@@ -660,7 +660,8 @@ func slowestOwing(b Book, current *Account, cp, p *Policy, units *Amounts, now t
 			if j := cp.DimensionIndex(d.Unit); j >= 0 && refillsFor(cp) {
 				cur := &current.Balances[j]
 				if shortfall := debt + units[i] + cur.Debt() - cur.Available; shortfall > 0 {
-					consider(d.Unit, refillWait(current, &cp.Dimensions[j], j, shortfall, now))
+					consider(d.Unit, laterWait(refillWait(current, &cp.Dimensions[j], j, shortfall, now),
+						refillWait(current, &decidingRefill(cp, p).Dimensions[j], j, shortfall, now)))
 				}
 				continue
 			}
@@ -710,6 +711,67 @@ func heldUpAtSwitch(b Book, current *Account, cp, p *Policy, units *Amounts) int
 		}
 	}
 	return -1
+}
+
+// beyondCurrentBurst returns the first of ap's dimensions in which units
+// (in ap's dimensions, not cut to its maxReservation) do not fit a, a
+// frozen subject's current account under ap, once its refill has filled
+// its burst beside its holds and those it counts elsewhere, with what the
+// deciding generation's account (p's) holds available there beside it
+// (subjectCapacity): the most refill brings the subject before the
+// switch to p; -1 when they fit everywhere, or a refills nothing (ap
+// rolled back: p's account refills instead, and slowestOwing reckons its
+// burst). Such a request may fit p's larger burst only after the switch,
+// and p's account then refills at its own rate from the switch on, so a
+// Retry-After reckoned on a's refill would come too early (refuseOwing
+// gives none).
+func beyondCurrentBurst(b Book, a *Account, ap, p *Policy, units *Amounts) int {
+	if !refillsFor(ap) {
+		return -1
+	}
+	deciding := decidingShare(b, a, ap, p)
+	for j := 0; j < a.Dims && j < len(ap.Dimensions); j++ {
+		room := max(ap.Dimensions[j].Burst-a.Balances[j].Reserved-a.HeldElsewhere[j], 0)
+		if units[j] > 0 && units[j] > room+deciding[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// decidingRefill returns cp, or a copy of it whose dimensions take p's
+// refill terms (units and interval) in each unit p limits too on other
+// terms. A frozen subject's wait in such a unit is reckoned on its current
+// account under cp (refuseOwing), but a command during the wait may
+// switch the subject to p (its debt repaid: a worker's drain or refill, a
+// second gateway's early retry), whose account then refills the rest on
+// p's terms: the wait is the longer of the two reckonings (laterWait), so
+// the Retry-After holds either way (but for the interval a handover
+// loses, ROLLOUT.md Limitations). Equal terms leave cp as it is.
+func decidingRefill(cp, p *Policy) *Policy {
+	out := cp
+	for j := range cp.Dimensions {
+		i := p.DimensionIndex(cp.Dimensions[j].Unit)
+		if i < 0 || p.Dimensions[i].RefillUnits == cp.Dimensions[j].RefillUnits && p.Dimensions[i].RefillInterval == cp.Dimensions[j].RefillInterval {
+			continue
+		}
+		if out == cp {
+			c := *cp
+			c.Dimensions = slices.Clone(cp.Dimensions)
+			out = &c
+		}
+		out.Dimensions[j].RefillUnits = p.Dimensions[i].RefillUnits
+		out.Dimensions[j].RefillInterval = p.Dimensions[i].RefillInterval
+	}
+	return out
+}
+
+// laterWait is the later of two retry-afters (0, never, is the latest).
+func laterWait(x, y time.Duration) time.Duration {
+	if slower(x, y) {
+		return x
+	}
+	return y
 }
 
 // refillsFor reports whether an owing current account under cp refills

@@ -77,7 +77,7 @@ func TestOwingExplore(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("legacy budgets carved %d, reconciliations tried %d", exploreCarved, exploreReconciled)
+	t.Logf("legacy budgets carved %d, reconciliations tried %d, holds expired %d", exploreCarved, exploreReconciled, exploreExpired)
 	if retry == retryWait {
 		t.Logf("retries with a command during the wait %d, refused at the Retry-After %d (each after a handover, admitted one refill interval later)", exploreProbed, exploreProbeShort)
 	}
@@ -89,8 +89,8 @@ func TestOwingExplore(t *testing.T) {
 // exploreCarved and exploreReconciled count the walks' legacy steps;
 // exploreProbed the retries checked with a command during the wait
 // (EXPLORE_RETRY=wait), exploreProbeShort those refused at the
-// Retry-After.
-var exploreCarved, exploreReconciled, exploreProbed, exploreProbeShort int
+// Retry-After; exploreExpired the holds expired (EXPLORE_EXPIRY).
+var exploreCarved, exploreReconciled, exploreProbed, exploreProbeShort, exploreExpired int
 
 // retryMode is what a walk checks of a refusal's Retry-After
 // (EXPLORE_RETRY): nothing, the retry after it with nothing else
@@ -212,16 +212,39 @@ func exploreSeed(seed int, retry retryMode) (string, []exploreStep) {
 			if s.cmd.Kind == 0 {
 				return ledger.Result{}
 			}
-			return c.apply(s.cmd)
+			res := c.apply(s.cmd)
+			if exploreReplayEach {
+				exploreCheckReplay(c, s.cmd, res)
+			}
+			return res
 		}
 		n := 10 + rng.IntN(40)
 		for step := 0; step < n; step++ {
+			if exploreExpiry && len(ids) > 0 && rng.IntN(6) == 0 {
+				// A hold running out (the expiry worker's two commands)
+				// or started work marked USAGE_UNKNOWN, after time
+				// enough for some holds to have run out.
+				id := ids[rng.IntN(len(ids))]
+				do(exploreStep{advance: time.Duration(rng.IntN(40)) * time.Second})
+				if rng.IntN(3) == 0 {
+					do(exploreStep{cmd: ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id, Cause: ledger.CauseRequest}, desc: "unknown " + id})
+				} else {
+					do(exploreStep{cmd: ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: id, Cause: ledger.CauseHoldExpired}, desc: "expire claim " + id})
+					if do(exploreStep{cmd: ledger.Command{Kind: ledger.KindExpire, ReservationID: id, Cause: ledger.CauseHoldExpired}, desc: "expire " + id}).Err == nil {
+						exploreExpired++
+					}
+				}
+				if m := mintBound(c); m != "" && !exploreVary {
+					panic("mint bound: " + m)
+				}
+				continue
+			}
 			switch k := rng.IntN(20); {
 			case k < 3 || len(gens) == 0:
 				var dims []ledger.Dimension
 				for i, d := range exploreDims {
 					if i == 0 && rng.IntN(6) > 0 || i > 0 && rng.IntN(2) == 0 {
-						dims = append(dims, d)
+						dims = append(dims, exploreTerms(d, rng))
 					}
 				}
 				if len(dims) == 0 {
@@ -318,7 +341,7 @@ func exploreSeed(seed int, retry retryMode) (string, []exploreStep) {
 			default:
 				do(exploreStep{advance: time.Duration(rng.IntN(4000)) * time.Millisecond})
 			}
-			if m := mintBound(c); m != "" {
+			if m := mintBound(c); m != "" && !exploreVary {
 				panic("mint bound: " + m)
 			}
 		}
@@ -331,6 +354,10 @@ func exploreSeed(seed int, retry retryMode) (string, []exploreStep) {
 func units(dims []ledger.Dimension) []string {
 	var out []string
 	for _, d := range dims {
+		if exploreVary {
+			out = append(out, fmt.Sprintf("%s(burst %d, %d per %v)", d.Unit, d.Burst, d.RefillUnits, d.RefillInterval))
+			continue
+		}
 		out = append(out, d.Unit)
 	}
 	return out
@@ -494,8 +521,10 @@ func exploreRetryBesideProbe(steps []exploreStep, seed, step int, cmd ledger.Com
 			desc, at, res.Err, res.Dimension, res.RetryAfter, again.Err, again.Dimension, again.RetryAfter, before))
 	}
 	var interval time.Duration
-	for _, d := range exploreDims {
-		interval = max(interval, d.RefillInterval)
+	for _, p := range fork.m.Snapshot().Policies {
+		for _, d := range p.Dimensions {
+			interval = max(interval, d.RefillInterval)
+		}
 	}
 	fork.advance(interval)
 	late := cmd
@@ -541,4 +570,73 @@ func exploreProbe(c *checked, rng *splitmix, cmd ledger.Command) (ledger.Command
 	early.ReservationID += "-early"
 	early.RequestDigest += "-early"
 	return early, "an early retry"
+}
+
+// exploreVary (EXPLORE_TERMS=vary) draws each published generation's
+// burst and refill per unit (exploreTerms) instead of one set of terms
+// per unit; the one-bucket bound (mintBound) assumes one set, so it is
+// not checked then. exploreExpiry (EXPLORE_EXPIRY=1) adds holds running
+// out and started work marked USAGE_UNKNOWN. exploreReplayEach (EXPLORE_REPLAY=1) applies every
+// command a second time at once, as a gateway retrying a lost answer
+// does (exploreCheckReplay).
+var (
+	exploreVary       = os.Getenv("EXPLORE_TERMS") == "vary"
+	exploreReplayEach = os.Getenv("EXPLORE_REPLAY") != ""
+	exploreExpiry     = os.Getenv("EXPLORE_EXPIRY") != ""
+)
+
+// exploreTerms returns d, or with EXPLORE_TERMS=vary d with a burst and a
+// refill drawn around its own.
+func exploreTerms(d ledger.Dimension, rng *splitmix) ledger.Dimension {
+	if !exploreVary {
+		return d
+	}
+	d.Burst = d.Burst/2 + rng.Int64N(d.Burst+1)
+	if d.Burst < 1 {
+		d.Burst = 1
+	}
+	d.RefillUnits = 1 + rng.Int64N(2*d.RefillUnits)
+	d.RefillInterval = time.Duration(1+rng.IntN(3)) * d.RefillInterval
+	return d
+}
+
+// exploreCheckReplay applies cmd, applied a moment ago with answer res, a
+// second time at the same time: a command that names a reservation (or
+// a shard's receipts) is idempotent, so the replay must leave every
+// account, reservation and move as they were, and an admitted reserve
+// answers with the same receipt.
+func exploreCheckReplay(c *checked, cmd ledger.Command, res ledger.Result) {
+	switch cmd.Kind {
+	case ledger.KindReserve, ledger.KindStart, ledger.KindSettle, ledger.KindRelease, ledger.KindRecord, ledger.KindShardReconcile,
+		ledger.KindExpireClaim, ledger.KindExpire, ledger.KindMarkUsageUnknown:
+	default:
+		return
+	}
+	before := c.m.Snapshot()
+	again := c.apply(cmd)
+	after := c.m.Snapshot()
+	if cmd.Kind == ledger.KindReserve && res.Err == nil && (again.Err != nil || again.Generation != res.Generation) {
+		panic(fmt.Sprintf("replay of admitted reserve %s: %v (generation %d, first %d)", cmd.ReservationID, again.Err, again.Generation, res.Generation))
+	}
+	if res.Err != nil {
+		return // a refusal may bring accounts to now, but it is one at the same time
+	}
+	if d := snapshotDiff(before, after); d != "" {
+		panic(fmt.Sprintf("replay of %s %q changed the ledger: %s", cmd.Kind, cmd.ReservationID, d))
+	}
+}
+
+// snapshotDiff names the first account, reservation or move that differs
+// between two snapshots; "" when none does.
+func snapshotDiff(a, b *ledger.Snapshot) string {
+	if len(a.Accounts) != len(b.Accounts) || len(a.Reservations) != len(b.Reservations) || len(a.Moves) != len(b.Moves) {
+		return fmt.Sprintf("%d/%d/%d accounts/reservations/moves, then %d/%d/%d",
+			len(a.Accounts), len(a.Reservations), len(a.Moves), len(b.Accounts), len(b.Reservations), len(b.Moves))
+	}
+	for i := range a.Accounts {
+		if a.Accounts[i].Balances != b.Accounts[i].Balances {
+			return fmt.Sprintf("account %s: %+v, then %+v", a.Accounts[i].Key, a.Accounts[i].Balances, b.Accounts[i].Balances)
+		}
+	}
+	return ""
 }

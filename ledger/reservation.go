@@ -182,11 +182,19 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 		return
 	}
 	units := unitsAs(p, ap, &cmd.Units)
+	beyond := beyondCurrentBurst(b, a, ap, p, &units)
 	for j := range ap.Dimensions {
 		units[j] = min(units[j], ap.Dimensions[j].MaxReservation)
 	}
 	capacity := subjectCapacity(b, a, ap, p)
 	rej := admit(&capacity, ap, &units, now)
+	if terms := decidingRefill(ap, p); terms != ap {
+		// Reckoned on p's refill terms too (a switch during the wait
+		// leaves the rest to p's account's refill): the later wait.
+		if onP := admit(&capacity, terms, &units, now); slower(onP.retryAfter, rej.retryAfter) {
+			rej.dimension, rej.retryAfter = onP.dimension, onP.retryAfter
+		}
+	}
 	if rej.err == nil || !errors.Is(rej.err, ErrAdmissionFrozen) {
 		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
 	}
@@ -201,6 +209,10 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 	if i := heldUpAtSwitch(b, a, ap, p, &cmd.Units); i >= 0 {
 		unit := p.Dimensions[i].Unit
 		res.Err = fmt.Errorf("%w: only outstanding holds ending can make room in %s (refill fills available only up to burst minus reserved), so no Retry-After is given", res.Err, unit)
+		res.Dimension, res.RetryAfter = unit, 0
+	} else if beyond >= 0 {
+		unit := ap.Dimensions[beyond].Unit
+		res.Err = fmt.Errorf("%w: the estimate of %s fits only the burst of generation %d, once the subject is no longer frozen, so no Retry-After is given", res.Err, unit, p.Generation)
 		res.Dimension, res.RetryAfter = unit, 0
 	}
 	res.Generation = p.Generation
