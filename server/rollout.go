@@ -641,6 +641,9 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 			done = append(done, cmds[i])
 		}
 	}
+	if len(done) > 0 {
+		svc.s.policyCommitted()
+	}
 	if err := svc.s.policies.rolledBack(ctx, done...); err != nil {
 		svc.s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
