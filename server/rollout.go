@@ -754,8 +754,12 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	}
 	pass, cerr := svc.progress.answer(ctx, q, notBefore, func(ctx context.Context, pass *drainPass) *connect.Error {
 		pass.asOf = svc.s.clock()
+		began := time.Now()
 		var err error
 		if pass.drains, err = svc.drains.DrainProgress(ctx, gens); err != nil {
+			if errors.Is(err, engine.ErrPolicyChanging) {
+				return policyChangingError(err, time.Since(began))
+			}
 			return readError("drain progress", ReasonPolicyNotFound, err)
 		}
 		return nil
