@@ -114,7 +114,7 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 // (store.AccountsOfSubjects of the page's subjects that hold capacity),
 // not one AccountGet per account. Active and the sums stood together: a
 // pass during which a publish or rollback of the generation's key
-// committed is read again (at most maxDrainPasses, then an error), so it
+// committed is read again (at most maxDrainPasses, then ErrPolicyChanging), so it
 // never says drained while the generation is active or holds capacity it
 // took while active.
 func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
@@ -151,12 +151,20 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 				break
 			}
 			if pass == maxDrainPasses {
-				return nil, fmt.Errorf("drain progress of generation %d: its key's active generation changed during each of %d passes; ask again", g, pass)
+				return nil, fmt.Errorf("drain progress of generation %d: %w during each of %d passes; ask again", g, ErrPolicyChanging, pass)
 			}
 		}
 	}
 	return out, nil
 }
+
+// ErrPolicyChanging is DrainProgress's answer for a generation whose
+// key's active generation moved (publishes or rollbacks of the key)
+// during each of maxDrainPasses passes in a row: no pass stood still long
+// enough to say whether the generation is drained. Nothing failed and
+// nothing is wrong with the store: asking again once the key's publishes
+// pause answers.
+var ErrPolicyChanging = errors.New("its key's active generation changed")
 
 // beforeHeadReadKey is the context key of the tests' hook that drainPass
 // calls between its reads of the generation's policy and of its key's head.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -26,10 +27,12 @@ import (
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/envoyrls"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -83,6 +86,11 @@ type options struct {
 	bridged bool
 	// wrapStore, when set, wraps the store the engine is given.
 	wrapStore func(store.Store) store.Store
+	// wrapLedger, when set, wraps the engine the server is given.
+	wrapLedger func(*engine.Engine) server.Ledger
+	// postgres runs on PostgreSQL (a schema of its own in the database
+	// CAPLEDGER_TEST_POSTGRES names; the test is skipped without it).
+	postgres bool
 	// retention, when positive, is the engine's retention window (and
 	// tombstone horizon: 10 times it); the workers stay off, so a test
 	// runs a pass with engine.RunRetention.
@@ -96,6 +104,14 @@ func newHarness(t testing.TB, opts options) *harness {
 	if opts.faults {
 		h.faults = memstore.New()
 		st = h.faults
+	} else if opts.postgres {
+		if os.Getenv(replicatest.EnvDSN) == "" {
+			t.Skip(replicatest.EnvDSN + " not set")
+		}
+		var err error
+		if st, err = postgres.Open(context.Background(), replicatest.SchemaDSN(t)); err != nil {
+			t.Fatal(err)
+		}
 	} else {
 		var err error
 		if st, err = sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "ledger.db")); err != nil {
@@ -118,7 +134,11 @@ func newHarness(t testing.TB, opts options) *harness {
 		}
 		cfg.Tokens = tokens
 	}
-	srv := server.New(h.engine, cfg)
+	var l server.Ledger = h.engine
+	if opts.wrapLedger != nil {
+		l = opts.wrapLedger(h.engine)
+	}
+	srv := server.New(l, cfg)
 	mapping, err := envoyrls.ParseConfig([]byte(opts.config))
 	if err != nil {
 		t.Fatalf("config: %v", err)

@@ -150,6 +150,9 @@ type item struct {
 	// the request refused. releasedBefore: its reserve replays a
 	// reservation released so, in the first call of a retried request.
 	released, releasedBefore bool
+	// overtaken: the release of such a hold found it taken over
+	// (releaseOvertaken); nothing was released.
+	overtaken bool
 	// left, when leftSet, is limit_remaining as the request's other
 	// descriptors on the same account and unit left it (leftAfterRelease).
 	left    int64
@@ -608,12 +611,35 @@ func (s *Service) runSecond(ctx context.Context, items []item, answers *server.A
 		items[i].results = append(items[i].results, results[j])
 	}
 	for i := range items {
+		if it := &items[i]; releaseOvertaken(it) {
+			it.released, it.overtaken = false, true
+		}
+	}
+	for i := range items {
 		if err := followErr(&items[i]); err != nil {
 			return err
 		}
 	}
 	leftAfterRelease(items)
 	return nil
+}
+
+// releaseOvertaken reports whether the release of a refused request's
+// hold (runSecond) found it no longer held: between the request's
+// reserves and its releases the call after the stream for the request id
+// started and settled it (Envoy sends that call for a refused request
+// too, and sooner than the answer when the answer came after its
+// timeout: docs/ENVOY.md, "What the call after the stream finds"), or
+// expiry claimed it. Nothing is left to give back and the hold keeps what
+// was done with it (settled, charged once); the request is refused all
+// the same, so the check answers OVER_LIMIT, not the release's refusal.
+func releaseOvertaken(it *item) bool {
+	if !it.released || len(it.results) < 2 {
+		return false
+	}
+	err := it.results[len(it.results)-1].Err
+	return errors.Is(err, ledger.ErrReservationAlreadySettled) || errors.Is(err, ledger.ErrReservationAlreadyStarted) ||
+		errors.Is(err, ledger.ErrReservationExpired)
 }
 
 // deniesUnknown reports whether a descriptor that maps to no policy is
@@ -1050,10 +1076,11 @@ func answeredFromID(res *ledger.Result) bool {
 }
 
 // followErr returns the error of a follow-up command that failed for a
-// reason other than its reserve having been refused or having replayed a
-// reservation that is over (finalHold).
+// reason other than its reserve having been refused, having replayed a
+// reservation that is over (finalHold), or its release having found the
+// hold taken over (releaseOvertaken).
 func followErr(it *item) error {
-	if len(it.results) < 2 || it.results[0].Err != nil || finalHold(it) {
+	if len(it.results) < 2 || it.results[0].Err != nil || finalHold(it) || it.overtaken {
 		return nil
 	}
 	for j := 1; j < len(it.results); j++ {

@@ -47,6 +47,7 @@ const (
 	ReasonUnknownUnit          = "UNKNOWN_UNIT"
 	ReasonStoreUnavailable     = "STORE_UNAVAILABLE"
 	ReasonStoreConflict        = "STORE_CONFLICT"
+	ReasonPolicyChanging       = "POLICY_CHANGING"
 	ReasonPermissionDenied     = "PERMISSION_DENIED"
 	ReasonUnauthenticated      = "UNAUTHENTICATED"
 )
@@ -364,6 +365,18 @@ func invalidArgument(reason string, format string, args ...any) *connect.Error {
 
 // withReason attaches cerr's ErrorDetail (errorDetail of the error under
 // it: a refused field's path comes with it whoever made cerr).
+// policyChangingError is DrainProgress's answer when the active
+// generation of a generation's key moved during each of its passes
+// (engine.ErrPolicyChanging): 503 unavailable, an answer to ask again,
+// with a reason of its own, POLICY_CHANGING, so that nobody reads a store
+// outage into it, and a Retry-After of as long as the passes took (whole
+// seconds, at least 1), by when the publishes racing them may have paused.
+func policyChangingError(err error, took time.Duration) *connect.Error {
+	cerr := withReason(connect.NewError(connect.CodeUnavailable, err), ReasonPolicyChanging)
+	cerr.Meta().Set("Retry-After", strconv.FormatInt(int64(RetryAfterSeconds(max(took, time.Second))/time.Second), 10))
+	return cerr
+}
+
 func withReason(cerr *connect.Error, reason string) *connect.Error {
 	attachDetail(cerr, errorDetail(reason, cerr.Unwrap()))
 	return cerr

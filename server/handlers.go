@@ -208,6 +208,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)
 	}
+	s.policyCommitted()
 	// Read back the generation and its key's head, two rows, and take the
 	// generation into the cache: a reload of every policy here made
 	// publishing N policies cost N^2 policy reads.
@@ -321,6 +322,7 @@ func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.Rol
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)
 	}
+	s.policyCommitted()
 	if err := s.policies.rolledBack(ctx, cmd); err != nil {
 		s.log.Warn("policy cache refresh after rollback", "err", err)
 	}

@@ -641,6 +641,9 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 			done = append(done, cmds[i])
 		}
 	}
+	if len(done) > 0 {
+		svc.s.policyCommitted()
+	}
 	if err := svc.s.policies.rolledBack(ctx, done...); err != nil {
 		svc.s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
@@ -751,8 +754,12 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	}
 	pass, cerr := svc.progress.answer(ctx, q, notBefore, func(ctx context.Context, pass *drainPass) *connect.Error {
 		pass.asOf = svc.s.clock()
+		began := time.Now()
 		var err error
 		if pass.drains, err = svc.drains.DrainProgress(ctx, gens); err != nil {
+			if errors.Is(err, engine.ErrPolicyChanging) {
+				return policyChangingError(err, time.Since(began))
+			}
 			return readError("drain progress", ReasonPolicyNotFound, err)
 		}
 		return nil

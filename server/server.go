@@ -151,6 +151,9 @@ type Server struct {
 	// standings shares ListAccountStandings rankings of every account
 	// between callers (standings.go).
 	standings *sharedStandings
+	// policyCommittedAt is when a publish or rollback last committed
+	// through this server (policyCommitted); nil before the first.
+	policyCommittedAt atomic.Pointer[time.Time]
 	// fairness shares GetFairness answers between callers (fairness.go).
 	fairness *sharedFairness
 	// rollouts decides reserves' modes on rollout routes; shadow counts

@@ -13,9 +13,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"connectrpc.com/connect"
+
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
 )
 
 func init() {
@@ -423,7 +426,10 @@ burst is counted as "blocked by burst", never hidden.
                   BLOCKED says "no policy"; publish one, then run --status
                   GEN --wait) or is its key's active one (it never drains);
                   a server unavailable after the first answer is polled
-                  again until --max-wait
+                  again until --max-wait, and so, from the first poll on,
+                  is a generation whose key was published to or rolled
+                  back during each of the server's passes (503
+                  POLICY_CHANGING), after the server's Retry-After
   --max-wait DUR  give up waiting after this long (default 1h; 0 polls once)
   --interval DUR  pause between polls (default 2s; 1ms to 1h); after a
                   poll that took longer, a pause as long as it took (at a
@@ -533,6 +539,17 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
 		pause := pollPause(*interval, time.Since(began))
 		if err != nil {
+			// A generation whose key is published to during each of the
+			// server's passes (POLICY_CHANGING) is no failure: the follow
+			// goes on, after the server's Retry-After, until --max-wait.
+			if changing, after := policyChanging(err); changing && *wait && !time.Now().After(deadline) {
+				after = max(*interval, after)
+				fmt.Fprintf(e.stderr, "its key is being published to or rolled back, polling again in %s: %v\n", after, err)
+				if err := sleepCtx(ctx, after); err != nil {
+					return err
+				}
+				continue
+			}
 			// A replica restarting or failing over mid-drain does not end
 			// the follow: once a poll has answered, an unavailable server
 			// is polled again until --max-wait, the error shown each time.
@@ -591,6 +608,23 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
+}
+
+// policyChanging reports whether err is DrainProgress's POLICY_CHANGING
+// answer (a generation's key published to or rolled back during each of
+// the server's passes), and the wait its Retry-After asks for (0 when
+// none).
+func policyChanging(err error) (bool, time.Duration) {
+	if errorDetailReason(err) != server.ReasonPolicyChanging {
+		return false, 0
+	}
+	var cerr *connect.Error
+	if errors.As(err, &cerr) {
+		if s, convErr := strconv.Atoi(cerr.Meta().Get("Retry-After")); convErr == nil && s > 0 {
+			return true, time.Duration(s) * time.Second
+		}
+	}
+	return true, 0
 }
 
 // pollPause is how long `rollback --wait` waits after an answered poll

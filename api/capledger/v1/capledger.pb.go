@@ -845,6 +845,8 @@ type ErrorDetail struct {
 	// RESERVATION_ALREADY_SETTLED, RESERVATION_RELEASED, RESERVATION_EXPIRED,
 	// OPERATION_MISMATCH, RESERVATION_NOT_DUE, INVALID_COMMAND, INVALID_POLICY,
 	// POLICY_GENERATION_CHANGED, UNKNOWN_UNIT, STORE_UNAVAILABLE,
+	// STORE_CONFLICT, POLICY_CHANGING (DrainProgress: the key's active
+	// generation moved during each pass; ask again after Retry-After),
 	// PERMISSION_DENIED, UNAUTHENTICATED.
 	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
 	// For state errors: the reservation as it is now (so a caller sees, for
