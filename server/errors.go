@@ -363,8 +363,6 @@ func invalidArgument(reason string, format string, args ...any) *connect.Error {
 	return withReason(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...)), reason)
 }
 
-// withReason attaches cerr's ErrorDetail (errorDetail of the error under
-// it: a refused field's path comes with it whoever made cerr).
 // policyChangingError is DrainProgress's answer when the active
 // generation of a generation's key moved during each of its passes
 // (engine.ErrPolicyChanging): 503 unavailable, an answer to ask again,
@@ -377,6 +375,8 @@ func policyChangingError(err error, took time.Duration) *connect.Error {
 	return cerr
 }
 
+// withReason attaches cerr's ErrorDetail (errorDetail of the error under
+// it: a refused field's path comes with it whoever made cerr).
 func withReason(cerr *connect.Error, reason string) *connect.Error {
 	attachDetail(cerr, errorDetail(reason, cerr.Unwrap()))
 	return cerr
