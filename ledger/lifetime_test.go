@@ -210,3 +210,47 @@ func TestLifetimeBoundInShadowMode(t *testing.T) {
 		t.Fatal("a shadow refusal reserved something")
 	}
 }
+
+// Debt that generation switches carry is bounded with the debt an account
+// issues: a subject frozen by debt in a unit that never refills records
+// usage of 2^53 under each newly published generation until the lifetime
+// bound refuses it. Each switch moved the whole debt into the next
+// account's OverdraftIssued, so after about 32 generations that term
+// wrapped negative (the audit's conservation check) and the debt was lost.
+// Now a record whose debt would take OverdraftIssued past MaxLifetimeUnits
+// is refused ErrLifetimeExhausted naming the unit, changing nothing, and
+// no account's term passes the bound, however many generations follow.
+func TestLifetimeBoundCountsDebtMovedBetweenGenerations(t *testing.T) {
+	c := newChecked(t)
+	var generations []uint64
+	debtRefusals := 0
+	for g := range 40 {
+		generation := c.publish(policyOf(tokens(ledger.Units(10+g), 0)))
+		generations = append(generations, generation)
+		for k := range 40 {
+			res := c.record(fmt.Sprintf("g%d-%d", g, k), ledger.MaxUnits)
+			if res.Err == nil {
+				continue
+			}
+			if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Dimension != "tokens" {
+				t.Fatalf("generation %d, record %d: %v (dimension %q)", generation, k, res.Err, res.Dimension)
+			}
+			if strings.Contains(res.Err.Error(), "debt") {
+				debtRefusals++
+			}
+			break
+		}
+	}
+	if debtRefusals == 0 {
+		t.Fatal("no record was refused for the debt it would issue")
+	}
+	for _, generation := range generations {
+		b := c.account(generation).Balances[0]
+		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
+			"minted": b.Minted, "overdraftRepaid": b.OverdraftRepaid} {
+			if term < 0 || term > ledger.MaxLifetimeUnits {
+				t.Errorf("generation %d: %s %d is outside [0, %d]", generation, name, term, ledger.MaxLifetimeUnits)
+			}
+		}
+	}
+}

@@ -722,6 +722,14 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
+	var beyond Amounts
+	for i := 0; i < a.Dims; i++ {
+		beyond[i] = max(actual[i]-r.Reserved[i], 0)
+	}
+	if _, err := debtRoom(a, p, &beyond); err != nil {
+		*res = Result{Err: err, Reservation: *r}
+		return
+	}
 	current := bringHolderToNow(b, a, p, now)
 
 	before := a.Balances
@@ -1037,6 +1045,28 @@ func stateError(s State) error {
 		return ErrReservationNotStarted
 	}
 	return fmt.Errorf("%w: reservation in state %s", ErrInvalidCommand, s)
+}
+
+// debtRoom refuses usage beyond a hold (beyond, per dimension of account
+// a's policy p) whose debt could take a's OverdraftIssued above
+// MaxLifetimeUnits. Debt is what available does not cover, so at most
+// beyond less available now (refill only adds to available). Spent bounds
+// the debt a settle issues on its own account, but debt that generation
+// switches move into an account counts in its OverdraftIssued too: without
+// this bound a subject frozen by debt that records usage under each newly
+// published generation carried the sum of every generation's debt along,
+// and after about 32 generations of 2^58 the int64 term wrapped negative.
+// With it, an account's OverdraftIssued stays at most MaxLifetimeUnits
+// from its own usage, and so does the debt it can move on.
+func debtRoom(a *Account, p *Policy, beyond *Amounts) (dim int, err error) {
+	for i := 0; i < a.Dims; i++ {
+		debt := max(beyond[i]-max(a.Balances[i].Available, 0), 0)
+		if issued := a.Balances[i].OverdraftIssued; debt > 0 && issued > MaxLifetimeUnits-debt {
+			return i, fmt.Errorf("%w: %s has issued %d of debt over the account's life (debt moved in from other generations included); up to %d more would pass %d",
+				ErrLifetimeExhausted, dimensionName(p, i), issued, debt, MaxLifetimeUnits)
+		}
+	}
+	return -1, nil
 }
 
 // lifetimeRoom refuses usage that would take account a's spent (in the

@@ -37,9 +37,14 @@ const MaxUnits Units = 1 << 53
 // units a second; publishing a new generation gives the subject an account
 // whose terms start again from its carried-over capacity.
 //
-// Not bounded yet: the debt and capacity that generation switches, drains
-// and forwards move into an account (its retired for move and overdraft
-// issued). Each superseded generation can forward up to the bound in debt,
+// A settle or record is also refused rather than issue debt that would
+// take the account's overdraft issued above the bound (debtRoom): that term
+// counts the debt a generation switch moved in, so a subject that owes
+// cannot carry its debt from generation to generation past the bound.
+//
+// Not bounded yet: the debt and capacity that drains and forwards move into
+// an account (its retired for move and overdraft issued) on top of that.
+// Each superseded generation can forward up to the bound in debt,
 // so started work kept open across about 30 generations (which only an
 // admin publishes) and settled late at MaxUnits, about a thousand settles,
 // could still overflow a term of the current account. A forward happens
