@@ -52,6 +52,22 @@ const MaxUnits Units = 1 << 53
 // design of its own.
 const MaxLifetimeUnits Units = 1 << 58
 
+// SumUnits is a + b, or the nearest int64 bound (math.MaxInt64 or
+// math.MinInt64) when the sum would pass it. Totals over many accounts
+// (DrainProgress's, GetFairness's, the debt metric's) use it: each term of
+// an account is bounded, but a thousand accounts of 2^53 available (or 32
+// owing 2^58) sum past int64, and a wrapped total reads as a negative
+// balance; a capped one reads as "at least this much".
+func SumUnits(a, b Units) Units {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
+		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
+	}
+	return a + b
+}
+
 // LatestTime is the latest deadline the ledger gives: the last instant of
 // int64 Unix nanoseconds (2262-04-11T23:47:16.854775807Z), the range every
 // store keeps times in. A policy may hold a hold TTL or an execution limit,
