@@ -254,3 +254,50 @@ func TestLifetimeBoundCountsDebtMovedBetweenGenerations(t *testing.T) {
 		}
 	}
 }
+
+// Debt that late settles forward from superseded generations is bounded
+// too: work started under each of 34 generations (32 holds of one token
+// each) and settled after the next publishes at 2^53 forwards its debt to
+// the current account. Each old account stays within the bound, but the
+// forwards added up in the current account's OverdraftIssued, which
+// wrapped after about 1,024 of them. A settle whose forwarded debt could
+// pass the bound there is refused ErrLifetimeExhausted and leaves its
+// reservation STARTED; no account's term leaves [0, MaxLifetimeUnits].
+func TestLifetimeBoundCountsDebtForwardedByLateSettles(t *testing.T) {
+	c := newChecked(t)
+	var generations []uint64
+	var started []string
+	for g := range 34 {
+		generations = append(generations, c.publish(policyOf(tokens(ledger.Units(2000+g), 0))))
+		for k := range 32 {
+			id := fmt.Sprintf("g%d-%d", g, k)
+			c.must(c.reserve(id, 1))
+			c.must(c.start(id))
+			started = append(started, id)
+		}
+	}
+	generations = append(generations, c.publish(policyOf(tokens(3000, 0))))
+	refused := 0
+	for _, id := range started {
+		res := c.settle(id, ledger.MaxUnits)
+		if res.Err == nil {
+			continue
+		}
+		if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Reservation.State != ledger.StateStarted {
+			t.Fatalf("settle %s: %v (state %v)", id, res.Err, res.Reservation.State)
+		}
+		refused++
+	}
+	if refused == 0 {
+		t.Fatal("no late settle was refused for the debt it would forward")
+	}
+	for _, generation := range generations {
+		b := c.account(generation).Balances[0]
+		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
+			"minted": b.Minted, "overdraftRepaid": b.OverdraftRepaid} {
+			if term < 0 || term > ledger.MaxLifetimeUnits {
+				t.Errorf("generation %d: %s %d is outside [0, %d]", generation, name, term, ledger.MaxLifetimeUnits)
+			}
+		}
+	}
+}

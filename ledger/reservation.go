@@ -730,6 +730,10 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
+	if err := forwardDebtRoom(b, a, p, &beyond); err != nil {
+		*res = Result{Err: err, Reservation: *r}
+		return
+	}
 	current := bringHolderToNow(b, a, p, now)
 
 	before := a.Balances
@@ -1067,6 +1071,39 @@ func debtRoom(a *Account, p *Policy, beyond *Amounts) (dim int, err error) {
 		}
 	}
 	return -1, nil
+}
+
+// forwardDebtRoom is debtRoom for the account a settle on a superseded
+// generation's account a forwards its debt to (forward): the subject's
+// current account, whose OverdraftIssued counts every forward it
+// received. Each old account stays within its own bound, but work started
+// under many generations and settled late added their debts up there, and
+// about a thousand settles of MaxUnits wrapped it. The debt forwarded in a
+// unit is at most beyond in it; units are matched by name, as forward
+// moves them. It returns nil when a is current or the subject has no
+// other current account.
+func forwardDebtRoom(b Book, a *Account, p *Policy, beyond *Amounts) error {
+	g, found := b.AccountCurrent(a.Key.SubjectKey())
+	if !found || g == a.Key.Generation {
+		return nil
+	}
+	key := a.Key
+	key.Generation = g
+	cur, cp, err := accountFor(b, key)
+	if err != nil {
+		return nil
+	}
+	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
+		j := cp.DimensionIndex(p.Dimensions[i].Unit)
+		if beyond[i] <= 0 || j < 0 || j >= cur.Dims {
+			continue
+		}
+		if issued := cur.Balances[j].OverdraftIssued; issued > MaxLifetimeUnits-beyond[i] {
+			return fmt.Errorf("%w: the current account (generation %d) has issued %d of debt in %s over its life, forwards from other generations included; this settle could forward up to %d more, past %d",
+				ErrLifetimeExhausted, g, issued, dimensionName(cp, j), beyond[i], MaxLifetimeUnits)
+		}
+	}
+	return nil
 }
 
 // lifetimeRoom refuses usage that would take account a's spent (in the

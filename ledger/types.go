@@ -40,16 +40,15 @@ const MaxUnits Units = 1 << 53
 // A settle or record is also refused rather than issue debt that would
 // take the account's overdraft issued above the bound (debtRoom): that term
 // counts the debt a generation switch moved in, so a subject that owes
-// cannot carry its debt from generation to generation past the bound.
+// cannot carry its debt from generation to generation past the bound. A
+// late settle on a superseded generation is likewise refused when the debt
+// it forwards could take the subject's current account past it
+// (forwardDebtRoom), and leaves its reservation STARTED.
 //
-// Not bounded yet: the debt and capacity that drains and forwards move into
-// an account (its retired for move and overdraft issued) on top of that.
-// Each superseded generation can forward up to the bound in debt,
-// so started work kept open across about 30 generations (which only an
-// admin publishes) and settled late at MaxUnits, about a thousand settles,
-// could still overflow a term of the current account. A forward happens
-// as part of a settle and cannot simply be refused, so bounding it needs a
-// design of its own.
+// Not bounded yet: what drains move, and debt forwarded to an account
+// other than the subject's current one (the deciding generation's, while
+// the subject is frozen by debt in a unit that generation does not
+// limit). Bounding those needs a design of its own.
 const MaxLifetimeUnits Units = 1 << 58
 
 // SumUnits is a + b, or the nearest int64 bound (math.MaxInt64 or
