@@ -261,12 +261,12 @@ func (e *Engine) addUnreconciledShards(ctx context.Context, d *GenerationDrain, 
 			s := &shards[i]
 			d.UnreconciledShards++
 			for j := range s.Allocated {
-				d.ShardUnits[j] += s.Allocated[j]
+				d.ShardUnits[j] = ledger.SumUnits(d.ShardUnits[j], s.Allocated[j])
 			}
 			if s.IsLegacyBudget() {
 				d.LegacyBudgets++
 				for j := range s.Allocated {
-					d.LegacyUnits[j] += s.Allocated[j]
+					d.LegacyUnits[j] = ledger.SumUnits(d.LegacyUnits[j], s.Allocated[j])
 				}
 			}
 		}
@@ -289,9 +289,9 @@ func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.Policy
 	d.Accounts++
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
-		d.Reserved[i] += b.Reserved
-		d.Debt[i] += b.Debt()
-		d.Available[i] += b.Available
+		d.Reserved[i] = ledger.SumUnits(d.Reserved[i], b.Reserved)
+		d.Debt[i] = ledger.SumUnits(d.Debt[i], b.Debt())
+		d.Available[i] = ledger.SumUnits(d.Available[i], b.Available)
 	}
 	if !holds(a) || d.Active {
 		return false

@@ -210,3 +210,94 @@ func TestLifetimeBoundInShadowMode(t *testing.T) {
 		t.Fatal("a shadow refusal reserved something")
 	}
 }
+
+// Debt that generation switches carry is bounded with the debt an account
+// issues: a subject frozen by debt in a unit that never refills records
+// usage of 2^53 under each newly published generation until the lifetime
+// bound refuses it. Each switch moved the whole debt into the next
+// account's OverdraftIssued, so after about 32 generations that term
+// wrapped negative (the audit's conservation check) and the debt was lost.
+// Now a record whose debt would take OverdraftIssued past MaxLifetimeUnits
+// is refused ErrLifetimeExhausted naming the unit, changing nothing, and
+// no account's term passes the bound, however many generations follow.
+func TestLifetimeBoundCountsDebtMovedBetweenGenerations(t *testing.T) {
+	c := newChecked(t)
+	var generations []uint64
+	debtRefusals := 0
+	for g := range 40 {
+		generation := c.publish(policyOf(tokens(ledger.Units(10+g), 0)))
+		generations = append(generations, generation)
+		for k := range 40 {
+			res := c.record(fmt.Sprintf("g%d-%d", g, k), ledger.MaxUnits)
+			if res.Err == nil {
+				continue
+			}
+			if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Dimension != "tokens" {
+				t.Fatalf("generation %d, record %d: %v (dimension %q)", generation, k, res.Err, res.Dimension)
+			}
+			if strings.Contains(res.Err.Error(), "debt") {
+				debtRefusals++
+			}
+			break
+		}
+	}
+	if debtRefusals == 0 {
+		t.Fatal("no record was refused for the debt it would issue")
+	}
+	for _, generation := range generations {
+		b := c.account(generation).Balances[0]
+		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
+			"minted": b.Minted, "overdraftRepaid": b.OverdraftRepaid} {
+			if term < 0 || term > ledger.MaxLifetimeUnits {
+				t.Errorf("generation %d: %s %d is outside [0, %d]", generation, name, term, ledger.MaxLifetimeUnits)
+			}
+		}
+	}
+}
+
+// Debt that late settles forward from superseded generations is bounded
+// too: work started under each of 34 generations (32 holds of one token
+// each) and settled after the next publishes at 2^53 forwards its debt to
+// the current account. Each old account stays within the bound, but the
+// forwards added up in the current account's OverdraftIssued, which
+// wrapped after about 1,024 of them. A settle whose forwarded debt could
+// pass the bound there is refused ErrLifetimeExhausted and leaves its
+// reservation STARTED; no account's term leaves [0, MaxLifetimeUnits].
+func TestLifetimeBoundCountsDebtForwardedByLateSettles(t *testing.T) {
+	c := newChecked(t)
+	var generations []uint64
+	var started []string
+	for g := range 34 {
+		generations = append(generations, c.publish(policyOf(tokens(ledger.Units(2000+g), 0))))
+		for k := range 32 {
+			id := fmt.Sprintf("g%d-%d", g, k)
+			c.must(c.reserve(id, 1))
+			c.must(c.start(id))
+			started = append(started, id)
+		}
+	}
+	generations = append(generations, c.publish(policyOf(tokens(3000, 0))))
+	refused := 0
+	for _, id := range started {
+		res := c.settle(id, ledger.MaxUnits)
+		if res.Err == nil {
+			continue
+		}
+		if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Reservation.State != ledger.StateStarted {
+			t.Fatalf("settle %s: %v (state %v)", id, res.Err, res.Reservation.State)
+		}
+		refused++
+	}
+	if refused == 0 {
+		t.Fatal("no late settle was refused for the debt it would forward")
+	}
+	for _, generation := range generations {
+		b := c.account(generation).Balances[0]
+		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
+			"minted": b.Minted, "overdraftRepaid": b.OverdraftRepaid} {
+			if term < 0 || term > ledger.MaxLifetimeUnits {
+				t.Errorf("generation %d: %s %d is outside [0, %d]", generation, name, term, ledger.MaxLifetimeUnits)
+			}
+		}
+	}
+}

@@ -121,6 +121,10 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 		b.AccountPut(a) // as a rejected reserve, it keeps the refill and epoch close above
 		return Result{Err: err, Generation: p.Generation, Dimension: cp.Dimensions[dim].Unit}
 	}
+	if dim, err := debtRoom(a, cp, &cmd.Units); err != nil {
+		b.AccountPut(a)
+		return Result{Err: err, Generation: p.Generation, Dimension: cp.Dimensions[dim].Unit}
+	}
 
 	before := a.Balances
 	r := newReservation(b)

@@ -734,6 +734,18 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
+	var beyond Amounts
+	for i := 0; i < a.Dims; i++ {
+		beyond[i] = max(actual[i]-r.Reserved[i], 0)
+	}
+	if _, err := debtRoom(a, p, &beyond); err != nil {
+		*res = Result{Err: err, Reservation: *r}
+		return
+	}
+	if err := forwardDebtRoom(b, a, p, &beyond); err != nil {
+		*res = Result{Err: err, Reservation: *r}
+		return
+	}
 	current := bringHolderToNow(b, a, p, now)
 
 	before := a.Balances
@@ -1049,6 +1061,61 @@ func stateError(s State) error {
 		return ErrReservationNotStarted
 	}
 	return fmt.Errorf("%w: reservation in state %s", ErrInvalidCommand, s)
+}
+
+// debtRoom refuses usage beyond a hold (beyond, per dimension of account
+// a's policy p) whose debt could take a's OverdraftIssued above
+// MaxLifetimeUnits. Debt is what available does not cover, so at most
+// beyond less available now (refill only adds to available). Spent bounds
+// the debt a settle issues on its own account, but debt that generation
+// switches move into an account counts in its OverdraftIssued too: without
+// this bound a subject frozen by debt that records usage under each newly
+// published generation carried the sum of every generation's debt along,
+// and after about 32 generations of 2^58 the int64 term wrapped negative.
+// With it, an account's OverdraftIssued stays at most MaxLifetimeUnits
+// from its own usage, and so does the debt it can move on.
+func debtRoom(a *Account, p *Policy, beyond *Amounts) (dim int, err error) {
+	for i := 0; i < a.Dims; i++ {
+		debt := max(beyond[i]-max(a.Balances[i].Available, 0), 0)
+		if issued := a.Balances[i].OverdraftIssued; debt > 0 && issued > MaxLifetimeUnits-debt {
+			return i, fmt.Errorf("%w: %s has issued %d of debt over the account's life (debt moved in from other generations included); up to %d more would pass %d",
+				ErrLifetimeExhausted, dimensionName(p, i), issued, debt, MaxLifetimeUnits)
+		}
+	}
+	return -1, nil
+}
+
+// forwardDebtRoom is debtRoom for the account a settle on a superseded
+// generation's account a forwards its debt to (forward): the subject's
+// current account, whose OverdraftIssued counts every forward it
+// received. Each old account stays within its own bound, but work started
+// under many generations and settled late added their debts up there, and
+// about a thousand settles of MaxUnits wrapped it. The debt forwarded in a
+// unit is at most beyond in it; units are matched by name, as forward
+// moves them. It returns nil when a is current or the subject has no
+// other current account.
+func forwardDebtRoom(b Book, a *Account, p *Policy, beyond *Amounts) error {
+	g, found := b.AccountCurrent(a.Key.SubjectKey())
+	if !found || g == a.Key.Generation {
+		return nil
+	}
+	key := a.Key
+	key.Generation = g
+	cur, cp, err := accountFor(b, key)
+	if err != nil {
+		return nil
+	}
+	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
+		j := cp.DimensionIndex(p.Dimensions[i].Unit)
+		if beyond[i] <= 0 || j < 0 || j >= cur.Dims {
+			continue
+		}
+		if issued := cur.Balances[j].OverdraftIssued; issued > MaxLifetimeUnits-beyond[i] {
+			return fmt.Errorf("%w: the current account (generation %d) has issued %d of debt in %s over its life, forwards from other generations included; this settle could forward up to %d more, past %d",
+				ErrLifetimeExhausted, g, issued, dimensionName(cp, j), beyond[i], MaxLifetimeUnits)
+		}
+	}
+	return nil
 }
 
 // lifetimeRoom refuses usage that would take account a's spent (in the

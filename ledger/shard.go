@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -288,10 +289,14 @@ func LegacyShardRemintReceipt(shardID string, n int64) string {
 	return "shard-remint:" + shardID + ":" + strconv.FormatInt(n, 10)
 }
 
+// MaxBootEpoch is the largest boot epoch a shard may carry, 2^63-1: the
+// stores keep it as a signed 64-bit integer.
+const MaxBootEpoch = uint64(math.MaxInt64)
+
 // ShardShapeProblem is the rest of an IssueShard's shape in docs/API.md's
 // "Order of checks" step 2, beside each amount's (AmountShapeProblem): a
 // concrete subject (not AnySubject), a route, a region, a boot epoch
-// (gateway processes number their boots from 1), a TTL above 0 and at
+// (gateway processes number their boots from 1; at most MaxBootEpoch), a TTL above 0 and at
 // least one amount above 0. Decided from the command alone, before the
 // shard id is looked up, so a malformed retry is refused whatever the id
 // names. It returns nil for a well-formed issue, else the first refused
@@ -305,6 +310,11 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 	switch {
 	case bootEpoch == 0:
 		return NewFieldError(ErrInvalidCommand, "bootEpoch", "is required (a gateway process numbers its boots from 1)")
+	case bootEpoch > MaxBootEpoch:
+		// The stores keep it in a signed 64-bit column: refused here, it
+		// is the caller's mistake; found by the store, it was a 503 that
+		// told the caller to retry what can never be stored.
+		return NewFieldError(ErrInvalidCommand, "bootEpoch", fmt.Sprintf("%d is above the largest boot epoch, %d", bootEpoch, MaxBootEpoch))
 	case ttl <= 0:
 		return NewFieldError(ErrInvalidCommand, "ttl", fmt.Sprintf("must be above 0 (%s)", DurationText(ttl)))
 	case !anyAbove0(units):

@@ -37,15 +37,35 @@ const MaxUnits Units = 1 << 53
 // units a second; publishing a new generation gives the subject an account
 // whose terms start again from its carried-over capacity.
 //
-// Not bounded yet: the debt and capacity that generation switches, drains
-// and forwards move into an account (its retired for move and overdraft
-// issued). Each superseded generation can forward up to the bound in debt,
-// so started work kept open across about 30 generations (which only an
-// admin publishes) and settled late at MaxUnits, about a thousand settles,
-// could still overflow a term of the current account. A forward happens
-// as part of a settle and cannot simply be refused, so bounding it needs a
-// design of its own.
+// A settle or record is also refused rather than issue debt that would
+// take the account's overdraft issued above the bound (debtRoom): that term
+// counts the debt a generation switch moved in, so a subject that owes
+// cannot carry its debt from generation to generation past the bound. A
+// late settle on a superseded generation is likewise refused when the debt
+// it forwards could take the subject's current account past it
+// (forwardDebtRoom), and leaves its reservation STARTED.
+//
+// Not bounded yet: what drains move, and debt forwarded to an account
+// other than the subject's current one (the deciding generation's, while
+// the subject is frozen by debt in a unit that generation does not
+// limit). Bounding those needs a design of its own.
 const MaxLifetimeUnits Units = 1 << 58
+
+// SumUnits is a + b, or the nearest int64 bound (math.MaxInt64 or
+// math.MinInt64) when the sum would pass it. Totals over many accounts
+// (DrainProgress's, GetFairness's, the debt metric's) use it: each term of
+// an account is bounded, but a thousand accounts of 2^53 available (or 32
+// owing 2^58) sum past int64, and a wrapped total reads as a negative
+// balance; a capped one reads as "at least this much".
+func SumUnits(a, b Units) Units {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
+		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
+	}
+	return a + b
+}
 
 // LatestTime is the latest deadline the ledger gives: the last instant of
 // int64 Unix nanoseconds (2262-04-11T23:47:16.854775807Z), the range every

@@ -78,6 +78,14 @@ func parseDebtToken(token string) (ledger.AccountKey, error) {
 		k.Generation > math.MaxInt64 { // no store holds one; it would refuse it as UNAVAILABLE
 		return ledger.AccountKey{}, errNotDebtToken
 	}
+	// Nor does any hold a key part no account key can have (a NUL byte,
+	// which PostgreSQL refuses as UNAVAILABLE, or one too long): without
+	// a tokens file the cursor is plain JSON a caller can build by hand.
+	for _, part := range []string{k.Subject, k.Route, k.Region} {
+		if ledger.KeyPartProblem(part) != "" {
+			return ledger.AccountKey{}, errNotDebtToken
+		}
+	}
 	return k, nil
 }
 

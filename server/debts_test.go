@@ -141,3 +141,34 @@ func TestDebtPagesOfAScopedTokenNameOnlyItsAccounts(t *testing.T) {
 		t.Errorf("pages of one for tenant-b/*: %v, want tenant-b/u1 then tenant-b/u2", got)
 	}
 }
+
+// Without a tokens file a ListDebts token is a plain position, so a
+// caller can hand-build one. One whose subject, route or region no
+// account key can hold (a NUL byte, which PostgreSQL refuses, or more
+// than 512 bytes) is refused as not a token of ListDebts, on every store:
+// PostgreSQL answered the NUL byte 503 STORE_UNAVAILABLE, a "retry" that
+// fails the same way forever, while SQLite read on from it.
+func TestListDebtsRefusesACursorNoAccountKeyHolds(t *testing.T) {
+	stores := map[string]harnessOptions{"sqlite": {}, "postgres": {postgres: true}}
+	for name, opts := range stores {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, opts)
+			h.ok("PublishPolicy", anySubjectPolicy, "")
+			h.owe("t-1", 900)
+			for _, key := range []string{`["t\u0000","chat.generate","global",1]`, `["t-1","chat\u0000","global",1]`,
+				`["t-1","chat.generate","glo\u0000bal",1]`, `["` + strings.Repeat("t", 513) + `","chat.generate","global",1]`} {
+				body := `{"pageToken":"` + base64.RawURLEncoding.EncodeToString([]byte(key)) + `"}`
+				r := h.call("ListDebts", body, "")
+				h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+				if message, _ := r.body["message"].(string); !strings.Contains(message, "not a nextPageToken of ListDebts") {
+					t.Errorf("cursor %.40s: %s", key, r.raw)
+				}
+			}
+			// A position between keys is still a position: an empty page.
+			body := `{"pageToken":"` + base64.RawURLEncoding.EncodeToString([]byte(`["t-2","chat.generate","global",1]`)) + `"}`
+			if page := h.ok("ListDebts", body, ""); len(page) != 0 {
+				t.Errorf("after the last debtor: %v", page)
+			}
+		})
+	}
+}

@@ -59,9 +59,13 @@ func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1
 // fairnessGroup gathers one group (route, region, unit) during the scan.
 type fairnessGroup struct {
 	route, region, unit string
-	totalSpent          int64
-	totalWeight         float64
-	subjects            int64
+	// totalSpent is the answer's, capped at the int64 bound
+	// (ledger.SumUnits); totalSpentShares the same sum as float64, which
+	// the shares are computed from, so a capped total never skews them.
+	totalSpent       int64
+	totalSpentShares float64
+	totalWeight      float64
+	subjects         int64
 	// spent holds every subject's spent by its generation, whose weight
 	// and budget they share: whether a subject is within its budget
 	// depends on the group's totals, known only at the end. 8 bytes a
@@ -108,10 +112,10 @@ func lessSpentPerWeight(a, b fairCandidate) bool {
 // fairnessError is e_i = |served - fair| / fair of a subject that spent
 // spent with weight weight in a group of totalSpent and totalWeight, the
 // one formula of both the shares listed and the counts.
-func fairnessError(spent, weight, totalSpent int64, totalWeight float64) (served, fair, e float64) {
+func fairnessError(spent, weight int64, totalSpent, totalWeight float64) (served, fair, e float64) {
 	fair = float64(weight) / totalWeight
 	if totalSpent > 0 {
-		served = float64(spent) / float64(totalSpent)
+		served = float64(spent) / totalSpent
 	}
 	return served, fair, abs(served-fair) / fair
 }
@@ -164,7 +168,8 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 				}
 				spent := a.Balances[d].Spent
 				g.subjects++
-				g.totalSpent += spent
+				g.totalSpent = ledger.SumUnits(g.totalSpent, spent)
+				g.totalSpentShares += float64(spent)
 				// Summed as float64: weights stored before the 2^20 bound
 				// may be up to 2^63-1, and an int64 sum of two wrapped
 				// negative.
@@ -198,7 +203,7 @@ func (g *fairnessGroup) answer(limit int) *v1.FairnessGroup {
 		SubjectCount: g.subjects, TotalWeight: g.totalWeight}
 	for _, gs := range g.spent {
 		for _, spent := range gs.spent {
-			if _, _, e := fairnessError(spent, gs.weight, g.totalSpent, g.totalWeight); e > gs.budget {
+			if _, _, e := fairnessError(spent, gs.weight, g.totalSpentShares, g.totalWeight); e > gs.budget {
 				out.OutsideBudget++
 			}
 		}
@@ -209,7 +214,7 @@ func (g *fairnessGroup) answer(limit int) *v1.FairnessGroup {
 			continue // a small group's subject is in both
 		}
 		seen[cand.subject] = true
-		served, fair, e := fairnessError(cand.spent, cand.weight, g.totalSpent, g.totalWeight)
+		served, fair, e := fairnessError(cand.spent, cand.weight, g.totalSpentShares, g.totalWeight)
 		out.Subjects = append(out.Subjects, &v1.FairnessShare{
 			Subject: cand.subject, PolicyGeneration: cand.generation, Weight: cand.weight, Spent: cand.spent,
 			ServedShare: served, FairShare: fair, Error: e, Budget: cand.budget, WithinBudget: e <= cand.budget,

@@ -114,7 +114,7 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 			}
 			for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
 				if v := a.Balances[d].Debt(); v > 0 {
-					debt[p.Dimensions[d].Unit] += v
+					debt[p.Dimensions[d].Unit] = ledger.SumUnits(debt[p.Dimensions[d].Unit], v)
 				}
 			}
 		}

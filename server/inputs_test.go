@@ -645,3 +645,20 @@ func TestInvalidPolicyMessagesSayWhatIsWrongAlone(t *testing.T) {
 		}
 	}
 }
+
+// A JSON escape of a lone surrogate encodes no character, so no UTF-8
+// string holds it: like invalid UTF-8 it is a body that does not decode,
+// 400 invalid_argument without a detail, its message saying "invalid
+// escape code" (API.md, Limits), never a string the server keeps.
+func TestLoneSurrogateEscapeDoesNotDecode(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, escaped := range []string{`\udc80`, `\ud800`, `\ud800\u0041`} {
+		body := `{"reservationId":"r` + escaped + `","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`
+		r := h.call("Reserve", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "")
+		if message, _ := r.body["message"].(string); !strings.Contains(message, "invalid escape code") || r.body["details"] != nil {
+			t.Errorf("%s: %s", escaped, r.raw)
+		}
+	}
+}

@@ -169,3 +169,33 @@ func TestOtherGatewayRefusedBeforeShape(t *testing.T) {
 		h.wantError(h.do(req), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
 	}
 }
+
+// An IssueShard's bootEpoch above 2^63-1, which the stores cannot keep
+// (signed 64-bit columns), is 400 INVALID_COMMAND naming bootEpoch,
+// decided with the shape: it was a 503 STORE_UNAVAILABLE telling the
+// gateway to retry with the same ids, which fails the same way forever.
+// The largest storable one is issued.
+func TestIssueShardBootEpochAboveStorable(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", strings.Replace(tokensPolicy, `"holdTtl"`, `"emergencyMode":true,"holdTtl"`, 1), "")
+	issue := func(id, bootEpoch string) response {
+		body := `{"shardId":"` + id + `","subject":"tenant-7","route":"chat.generate",
+			"units":{"tokens":1},"gatewayId":"gw","bootEpoch":"` + bootEpoch + `","ttl":"60s"}`
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/IssueShard", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	for _, bootEpoch := range []string{"9223372036854775808", "18446744073709551615"} {
+		r := issue("sh-"+bootEpoch, bootEpoch)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if message, _ := r.body["message"].(string); !strings.HasPrefix(message, "bootEpoch "+bootEpoch+" is above") {
+			t.Errorf("bootEpoch %s: %s", bootEpoch, r.raw)
+		}
+		if f := field(r.body["details"].([]any)[0].(map[string]any), "debug", "field"); f != "bootEpoch" {
+			t.Errorf("bootEpoch %s: detail field %v, want bootEpoch: %s", bootEpoch, f, r.raw)
+		}
+	}
+	if r := issue("sh-max", "9223372036854775807"); r.status != http.StatusOK || field(r.body, "shard", "bootEpoch") != "9223372036854775807" {
+		t.Errorf("bootEpoch 2^63-1: %d %s", r.status, r.raw)
+	}
+}
