@@ -413,7 +413,11 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if refusal == nil {
 		cmd.Units = units
 		cmd.Generation = p.Generation
-		cmd.Rollout = s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
+		mode, err := s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
+		if err != nil {
+			return cmd, nil, notSentError("reserve", ReasonNoPolicy, err)
+		}
+		cmd.Rollout = mode
 		return cmd, nil, nil
 	}
 	existing, err := s.ledger.Reservation(ctx, cmd.ReservationID)

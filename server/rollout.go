@@ -63,66 +63,93 @@ type rolloutView struct {
 // only loads a pointer; one caller at a time reloads, the others go on
 // with the copy they have.
 type rolloutCache struct {
-	store   store.Rollouts
+	store store.Rollouts
+	// timeout bounds a reload (the server's store timeout; 0: none).
+	timeout time.Duration
 	view    atomic.Pointer[rolloutView]
 	loading sync.Mutex
 	log     interface{ Warn(string, ...any) }
 }
 
 // mode returns the mode of a reserve of subject on route whose deciding
-// policy has policyMode (ledger.RolloutModeFor over the cached rollouts).
-func (c *rolloutCache) mode(ctx context.Context, route ledger.RouteKey, subject string, policyMode ledger.RolloutMode) ledger.RolloutMode {
-	mode, _ := ledger.RolloutModeFor(c.index(ctx), route, subject, policyMode)
-	return mode
+// policy has policyMode (ledger.RolloutModeFor over the cached rollouts),
+// or the error of a load that failed while the cache had no copy: then
+// no mode is known, and the reserve must not be decided by the policy's
+// own mode as if no rollout held its route.
+func (c *rolloutCache) mode(ctx context.Context, route ledger.RouteKey, subject string, policyMode ledger.RolloutMode) (ledger.RolloutMode, error) {
+	idx, err := c.index(ctx)
+	if err != nil {
+		return policyMode, err
+	}
+	mode, _ := ledger.RolloutModeFor(idx, route, subject, policyMode)
+	return mode, nil
 }
 
 // policyModeNow returns the mode the reserves decided by p get now
 // (ledger.PolicyModeNow over the cached rollouts), and false when they
-// have no one mode.
+// have no one mode or the rollouts could not be read.
 func (c *rolloutCache) policyModeNow(ctx context.Context, p *ledger.Policy) (ledger.RolloutMode, bool) {
-	return ledger.PolicyModeNow(c.index(ctx), p)
+	idx, err := c.index(ctx)
+	if err != nil {
+		return p.Rollout, false
+	}
+	return ledger.PolicyModeNow(idx, p)
 }
 
 // index returns the cached rollouts, reloaded when older than
-// rolloutRefresh; none without a rollout store or before a first load.
-func (c *rolloutCache) index(ctx context.Context) ledger.Rollouts {
+// rolloutRefresh (none without a rollout store). A failed reload keeps
+// the copy it had; with no copy (before the first load, or after a change
+// on this replica invalidated it) the failure is returned.
+func (c *rolloutCache) index(ctx context.Context) (ledger.Rollouts, error) {
 	if c == nil || c.store == nil {
-		return ledger.Rollouts{}
+		return ledger.Rollouts{}, nil
 	}
 	v := c.view.Load()
 	if v == nil || time.Since(v.loadedAt) > rolloutRefresh {
-		if fresh := c.reload(ctx, v == nil); fresh != nil {
+		fresh, err := c.reload(ctx, v == nil)
+		switch {
+		case fresh != nil:
 			v = fresh
+		case v == nil:
+			return ledger.Rollouts{}, err
 		}
 	}
-	if v == nil {
-		return ledger.Rollouts{}
-	}
-	return v.idx
+	return v.idx, nil
 }
 
 // reload reads the rollouts again (waiting for a reload under way when
-// wait, skipping it otherwise) and returns the new view, nil if it
-// failed or was skipped.
-func (c *rolloutCache) reload(ctx context.Context, wait bool) *rolloutView {
+// wait, skipping it otherwise) and returns the new view; nil and the
+// error if it failed, nil and no error if it was skipped.
+//
+// The read is shared: callers waiting on it (wait) take its view. So it
+// runs on ctx's values without ctx's cancellation, bounded by the store
+// timeout instead: a caller that hangs up mid-call (a gateway's timeout,
+// a lost answer) neither fails the reload for the others nor logs a
+// healthy store as unavailable.
+func (c *rolloutCache) reload(ctx context.Context, wait bool) (*rolloutView, error) {
 	if wait {
 		c.loading.Lock()
 	} else if !c.loading.TryLock() {
-		return nil
+		return nil, nil
 	}
 	defer c.loading.Unlock()
 	if v := c.view.Load(); v != nil && time.Since(v.loadedAt) <= rolloutRefresh {
-		return v
+		return v, nil
 	}
+	readCtx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+	if c.timeout > 0 {
+		readCtx, cancel = context.WithTimeoutCause(readCtx, c.timeout, storeTimedOut{c.timeout})
+	}
+	defer cancel()
 	started := time.Now()
-	list, err := c.store.RolloutList(ctx)
+	list, err := c.store.RolloutList(readCtx)
 	if err != nil {
 		c.log.Warn("rollouts: reload", "err", err)
-		return nil
+		return nil, fmt.Errorf("rollouts: %w", err)
 	}
 	v := &rolloutView{idx: ledger.NewRollouts(list), loadedAt: started}
 	c.view.Store(v)
-	return v
+	return v, nil
 }
 
 // invalidate makes the next reserve reload (after a change on this

@@ -207,7 +207,7 @@ func New(l Ledger, cfg Config) *Server {
 		fairness:     &sharedFairness{limit: cfg.StoreTimeout},
 	}
 	s.console.recent = s.policies.recent
-	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
+	s.rollouts = &rolloutCache{store: cfg.Rollouts, timeout: cfg.StoreTimeout, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock(), s.policies.recent)
 	s.gates = newGateMetrics(s.metrics.registry)
 	s.metrics.registerEngine(l)

@@ -104,6 +104,8 @@ type harnessOptions struct {
 	// wrapConsole, when set, wraps the console store the server is given
 	// (to count its reads).
 	wrapConsole func(store.ConsoleStore) store.ConsoleStore
+	// wrapRollouts, when set, wraps the rollout store the server is given.
+	wrapRollouts func(store.Rollouts) store.Rollouts
 	// logs, when set, receives the server's and the engine's log (text).
 	logs io.Writer
 	// shards serves the ShardService, with a key ring in a temporary
@@ -160,6 +162,9 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	}
 	if rollouts, ok := h.store.(store.Rollouts); ok {
 		cfg.Rollouts = rollouts
+		if opts.wrapRollouts != nil {
+			cfg.Rollouts = opts.wrapRollouts(rollouts)
+		}
 	}
 	cfg.Drains = h.engine
 	if opts.shards {

@@ -230,7 +230,8 @@ func (c consoleService) standingNow(ctx context.Context, a *ledger.Account, p *l
 	k := a.Key
 	st := standing(a, p, active, now)
 	if st.Active {
-		mode := c.s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
+		// Without the rollouts (unreadable, no copy) the policy's own mode.
+		mode, _ := c.s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
 		st.Rollout = rolloutToProto[mode]
 	}
 	return st
