@@ -156,8 +156,8 @@ const MaxRolloutRoutes = 10000
 
 // NewRollout returns a rollout of routes (region "" means DefaultRegion)
 // at share 0 (every route in shadow mode), created by who at now, or
-// ErrInvalidRollout for a name NewRolloutNameProblem refuses, an unknown hash, no routes, an
-// empty or duplicate route. others are the existing rollouts: a route
+// ErrInvalidRollout for a name NewRolloutNameProblem refuses, an unknown
+// hash, no routes, an empty or duplicate route. others are the existing rollouts: a route
 // already in one of them is ErrRouteInRollout, a name taken
 // ErrRolloutExists.
 func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout, who string, now time.Time) (Rollout, error) {
