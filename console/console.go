@@ -27,7 +27,8 @@ var assets embed.FS
 const UPlotVersion = "1.6.32"
 
 // Handler serves the console's files under Prefix and redirects the bare
-// /ui to it. Mount it for both "/ui" and "/ui/".
+// /ui to it, keeping the query (a link's /ui?x=1 arrives as /ui/?x=1; the
+// browser keeps the #page itself). Mount it for both "/ui" and "/ui/".
 func Handler() http.Handler {
 	root, err := fs.Sub(assets, "assets")
 	if err != nil {
@@ -41,7 +42,11 @@ func Handler() http.Handler {
 			return
 		}
 		if r.URL.Path == "/ui" {
-			http.Redirect(w, r, Prefix, http.StatusMovedPermanently)
+			target := Prefix
+			if r.URL.RawQuery != "" {
+				target += "?" + r.URL.RawQuery
+			}
+			http.Redirect(w, r, target, http.StatusMovedPermanently)
 			return
 		}
 		h := w.Header()

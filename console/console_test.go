@@ -40,8 +40,10 @@ func TestHandlerServesTheEmbeddedFiles(t *testing.T) {
 			t.Errorf("GET %s: Content-Security-Policy %q", path, csp)
 		}
 	}
-	if resp := get(t, h, http.MethodGet, "/ui"); resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "/ui/" {
-		t.Errorf("GET /ui: %d to %q, want a redirect to /ui/", resp.StatusCode, resp.Header.Get("Location"))
+	for from, to := range map[string]string{"/ui": "/ui/", "/ui?x=1": "/ui/?x=1", "/ui?a=1&b=%20two": "/ui/?a=1&b=%20two"} {
+		if resp := get(t, h, http.MethodGet, from); resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != to {
+			t.Errorf("GET %s: %d to %q, want a redirect to %s (the query kept)", from, resp.StatusCode, resp.Header.Get("Location"), to)
+		}
 	}
 	if resp := get(t, h, http.MethodPost, "/ui/"); resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /ui/: %d, want 405", resp.StatusCode)

@@ -44,3 +44,31 @@ func TextProblem(value string, max int) string {
 	}
 	return ""
 }
+
+// NameProblem is the one rule for a name an operator makes up for a thing
+// capledger keeps by it (a new rollout, a shard signing key's id): 1 to
+// max bytes of ASCII letters, digits, '.', '_' and '-', so that it is one
+// word on a command line, in a text table, a log line or a keys file. It
+// says what is wrong as a phrase that follows the field's name ("is
+// empty", "holds ' ' at byte 3: use only ASCII letters, digits, '.', '_' and
+// '-'"), or "" for a good name. Names clients send with requests
+// (subjects, routes, ids) are any text (TextProblem).
+func NameProblem(name string, max int) string {
+	switch {
+	case name == "":
+		return "is empty"
+	case len(name) > max:
+		return fmt.Sprintf("is %d bytes long; at most %d", len(name), max)
+	}
+	for i, r := range name {
+		if !nameRune(r) {
+			return fmt.Sprintf("holds %q at byte %d: use only ASCII letters, digits, '.', '_' and '-'", r, i)
+		}
+	}
+	return ""
+}
+
+// nameRune reports whether r may appear in a name (NameProblem).
+func nameRune(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-'
+}

@@ -127,7 +127,10 @@ const MaxRolloutNameBytes = 128
 // by TextProblem with at most MaxRolloutNameBytes: over 128 bytes, holding
 // a NUL byte, not UTF-8), as a phrase that follows the field's path
 // ("is empty"); "" for a good one. A call naming a rollout checks it
-// before any read.
+// before any read. It is the rule for a name a rollout may have been
+// stored under; a new rollout's name is held to NameProblem as well
+// (NewRolloutNameProblem), so a rollout created before that rule, named
+// "bad name!", is still read, stepped and ended by its name.
 func RolloutNameProblem(name string) string {
 	if name == "" {
 		return "is empty"
@@ -135,17 +138,30 @@ func RolloutNameProblem(name string) string {
 	return TextProblem(name, MaxRolloutNameBytes)
 }
 
+// NewRolloutNameProblem says what is wrong with the name of a rollout
+// being created (RolloutNameProblem, then NameProblem with at most
+// MaxRolloutNameBytes: only letters, digits, '.', '_' and '-'), as a
+// phrase that follows the field's path; "" for a good one. An operator
+// types the name on command lines (rollout set NAME) and reads it in
+// tables and logs, where a space, a quote or a line end would split it.
+func NewRolloutNameProblem(name string) string {
+	if problem := RolloutNameProblem(name); problem != "" {
+		return problem
+	}
+	return NameProblem(name, MaxRolloutNameBytes)
+}
+
 // MaxRolloutRoutes bounds the routes of one rollout.
 const MaxRolloutRoutes = 10000
 
 // NewRollout returns a rollout of routes (region "" means DefaultRegion)
 // at share 0 (every route in shadow mode), created by who at now, or
-// ErrInvalidRollout for an empty name, an unknown hash, no routes, an
-// empty or duplicate route. others are the existing rollouts: a route
+// ErrInvalidRollout for a name NewRolloutNameProblem refuses, an unknown
+// hash, no routes, an empty or duplicate route. others are the existing rollouts: a route
 // already in one of them is ErrRouteInRollout, a name taken
 // ErrRolloutExists.
 func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout, who string, now time.Time) (Rollout, error) {
-	if problem := RolloutNameProblem(name); problem != "" {
+	if problem := NewRolloutNameProblem(name); problem != "" {
 		return Rollout{}, NewFieldError(ErrInvalidRollout, "name", problem)
 	}
 	switch {
@@ -203,13 +219,14 @@ func (r *Rollout) Covers(route RouteKey) bool {
 
 // SetShare takes a step to share, by who at now. It returns false (and
 // changes nothing) when the rollout is at share already, so a retried
-// step records nothing twice; ErrInvalidRollout for a share above 100%.
+// step records nothing twice; ErrInvalidRollout for a share above 100%,
+// naming the request's field "percent" (a FieldError).
 func (r *Rollout) SetShare(share BasisPoints, who string, now time.Time) (bool, error) {
 	if r.Ended() {
 		return false, ErrRolloutEnded
 	}
 	if share > FullShare {
-		return false, fmt.Errorf("%w: share %s is above 100%%", ErrInvalidRollout, share)
+		return false, NewFieldError(ErrInvalidRollout, "percent", fmt.Sprintf("%s is above 100%%", share))
 	}
 	if share == r.Share {
 		return false, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,8 +223,45 @@ func TestRolloutStepAndUndo(t *testing.T) {
 	if _, err := r.Undo("x", at(13)); !errors.Is(err, ledger.ErrNothingToUndo) {
 		t.Errorf("undo past the first step: %v", err)
 	}
-	if _, err := r.SetShare(10001, "x", at(14)); !errors.Is(err, ledger.ErrInvalidRollout) {
-		t.Errorf("share above 100%%: %v", err)
+	var fe *ledger.FieldError
+	if _, err := r.SetShare(10001, "x", at(14)); !errors.Is(err, ledger.ErrInvalidRollout) || !errors.As(err, &fe) || fe.Path != "percent" {
+		t.Errorf("share above 100%%: %v, want ErrInvalidRollout naming the field percent", err)
+	}
+}
+
+// A new rollout's name is a word an operator types and reads back: ASCII
+// letters, digits, '.', '_' and '-', 1 to 128 bytes (ledger.NameProblem);
+// anything else is ErrInvalidRollout naming the field "name", while
+// RolloutNameProblem, the rule a stored rollout's name is read by, still
+// takes such a name.
+func TestNewRolloutNameIsAWord(t *testing.T) {
+	for _, good := range []string{"chat", "q3-enforce", "llm_2026.12", "A", strings.Repeat("n", ledger.MaxRolloutNameBytes)} {
+		if _, err := ledger.NewRollout(good, ledger.RolloutByRoute, routes("x"), nil, "ops", t0); err != nil {
+			t.Errorf("NewRollout(%q): %v", good, err)
+		}
+	}
+	for _, tc := range []struct{ name, problem string }{
+		{"", "is empty"},
+		{"bad name!", "holds ' ' at byte 3: use only ASCII letters, digits, '.', '_' and '-'"},
+		{"bad!", "holds '!' at byte 3: use only ASCII letters, digits, '.', '_' and '-'"},
+		{"a/b", "holds '/' at byte 1: use only ASCII letters, digits, '.', '_' and '-'"},
+		{"two\nlines", `holds '\n' at byte 3: use only ASCII letters, digits, '.', '_' and '-'`},
+		{"café", "holds 'é' at byte 3: use only ASCII letters, digits, '.', '_' and '-'"},
+		{strings.Repeat("n", ledger.MaxRolloutNameBytes+1), "is 129 bytes long; at most 128"},
+		{"a\xffb", "is not valid UTF-8"},
+		{"a\x00b", "contains a NUL byte"},
+	} {
+		_, err := ledger.NewRollout(tc.name, ledger.RolloutByRoute, routes("x"), nil, "ops", t0)
+		var fe *ledger.FieldError
+		if !errors.Is(err, ledger.ErrInvalidRollout) || !errors.As(err, &fe) || fe.Path != "name" || fe.Problem != tc.problem {
+			t.Errorf("NewRollout(%q) = %v, want ErrInvalidRollout: name %s", tc.name, err, tc.problem)
+		}
+		if problem := ledger.NameProblem(tc.name, ledger.MaxRolloutNameBytes); problem == "" {
+			t.Errorf("NameProblem(%q) takes it", tc.name)
+		}
+	}
+	if problem := ledger.RolloutNameProblem("bad name!"); problem != "" {
+		t.Errorf("RolloutNameProblem(%q) = %q: a rollout stored under it could no longer be named", "bad name!", problem)
 	}
 }
 

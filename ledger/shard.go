@@ -362,7 +362,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	}
 	if _, legacy := LegacyIdentity(args.GatewayID); legacy != args.Legacy {
 		if legacy {
-			return Result{Err: invalid("gateway id %q names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard", args.GatewayID)}
+			return Result{Err: NewFieldError(ErrInvalidCommand, "gatewayId",
+				fmt.Sprintf("%q names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard", args.GatewayID))}
 		}
 		return Result{Err: invalid("a legacy budget's gateway id must start with %q, not %q", LegacyGatewayPrefix, args.GatewayID)}
 	}

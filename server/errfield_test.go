@@ -62,8 +62,8 @@ func TestValidationRefusalsCarryTheirField(t *testing.T) {
 	h.ok("PublishPolicy", tokensPolicy, "")
 	conn := grpcConn(t, h.url)
 	refusals := validationRefusals()
-	if len(refusals) != 52 {
-		t.Fatalf("%d refusals; this test was written for the 52 of TestValidationMessagesNameARequestPath: count again", len(refusals))
+	if len(refusals) != 56 {
+		t.Fatalf("%d refusals; this test was written for the 56 of TestValidationMessagesNameARequestPath: count again", len(refusals))
 	}
 	for _, c := range refusals {
 		path := leadingPath.FindString(c.message)

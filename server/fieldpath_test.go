@@ -122,6 +122,8 @@ func validationRefusals() []validationRefusal {
 		{publish, dim(`,"maxOverdraft":"-1"`), `policy.dimensions[0].maxOverdraft -1 is outside [0, 9007199254740992] (unit "tokens")`},
 		// CreateRollout: the door and NewRollout.
 		{create, `{"hashBy":"route","routes":[{"route":"r"}]}`, "name is empty"},
+		{create, `{"name":"bad name!","hashBy":"route","routes":[{"route":"r"}]}`, "name holds ' ' at byte 3: use only ASCII letters, digits, '.', '_' and '-'"},
+		{create, `{"name":"` + strings.Repeat("n", 129) + `","hashBy":"route","routes":[{"route":"r"}]}`, "name is 129 bytes long; at most 128"},
 		{create, `{"name":"c","hashBy":"x","routes":[{"route":"r"}]}`, `hashBy "x" is neither "route" nor "subject"`},
 		{create, rollout(``), "routes: none given (a rollout covers at least one route)"},
 		{create, rollout(strings.Join(manyRoutes, ",")), "routes: 10001 given; at most 10000"},
@@ -135,6 +137,7 @@ func validationRefusals() []validationRefusal {
 		{"RolloutService/GetRollout", `{}`, "name is empty"},
 		{"RolloutService/SetRolloutShare", `{"name":"c\u0000","percent":5}`, "name contains a NUL byte"},
 		{"RolloutService/EndRollout", `{"name":"` + strings.Repeat("n", 129) + `"}`, "name is 129 bytes long; at most 128"},
+		{"RolloutService/SetRolloutShare", `{"name":"c","percent":100.5}`, "percent 100.5: want 0 to 100 in steps of 0.01 (at most two decimals)"},
 		{"RolloutService/RollbackGenerations", `{}`, "generations: 0 given; give 1 to 1000"},
 		{"ConsoleService/GetResolverAnswers", `{"reservationIds":[` + strings.TrimSuffix(strings.Repeat(`"a",`, 1001), ",") + `]}`, "reservationIds: 1001 given; at most 1000"},
 		// ReconcileShard and IssueShard: the server's checks and the ledger's.
@@ -145,6 +148,8 @@ func validationRefusals() []validationRefusal {
 		{reconcileM, reconcile(`{"reservationId":"a","state":"RESERVATION_STATE_RELEASED","reservedUnits":{"tokens":-1}}`), `receipts[0].reservedUnits: "tokens" is negative (-1)`},
 		{"ShardService/GetShard", `{"shardId":"s","receiptIds":[` + strings.TrimSuffix(strings.Repeat(`"a",`, 10001), ",") + `]}`, "receiptIds: 10001 given; at most 10000 per call"},
 		{issue, `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"9999999999s"}`, "ttl 9999999999s is longer than the maximum 9223372036s (about 292 years)"},
+		{issue, `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"legacy:old-limiter","bootEpoch":1,"ttl":"60s"}`,
+			`gatewayId "legacy:old-limiter" names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard`},
 	}
 }
 

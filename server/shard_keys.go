@@ -12,11 +12,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/capledger/capledger/ledger"
 )
 
 // ShardKeys is the server's Ed25519 key ring for emergency shards, read
@@ -64,7 +65,11 @@ func (k *ShardKeys) LogReloads(log *slog.Logger) {
 	k.mu.Unlock()
 }
 
-var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+// maxKeyIDBytes bounds a shard key's id, a name by ledger.NameProblem.
+const maxKeyIDBytes = 64
+
+// goodKeyID reports whether id may name a shard key (ledger.NameProblem).
+func goodKeyID(id string) bool { return ledger.NameProblem(id, maxKeyIDBytes) == "" }
 
 // LoadShardKeys reads the keys at path (a file, or a directory whose
 // regular files not starting with "." are read in name order). It returns
@@ -143,7 +148,7 @@ func NewShardKeyLine(keyID string, random io.Reader, now time.Time) (string, err
 		pub := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
 		keyID = fmt.Sprintf("k%s-%x", now.UTC().Format("20060102"), pub[:4])
 	}
-	if !keyIDPattern.MatchString(keyID) {
+	if !goodKeyID(keyID) {
 		return "", fmt.Errorf("shard key id %q: use 1 to 64 letters, digits, '.', '_' or '-'", keyID)
 	}
 	return keyID + " private " + base64.StdEncoding.EncodeToString(seed) + "\n", nil
@@ -232,7 +237,7 @@ func parseShardKeys(r io.Reader, name string, mode os.FileMode, private map[stri
 			return fmt.Errorf("shard keys %s:%d: want \"<key-id> private|public <base64>\"", name, line)
 		}
 		id, kind := fields[0], fields[1]
-		if !keyIDPattern.MatchString(id) {
+		if !goodKeyID(id) {
 			return fmt.Errorf("shard keys %s:%d: key id %q: use 1 to 64 letters, digits, '.', '_' or '-'", name, line, id)
 		}
 		if _, dup := public[id]; dup {

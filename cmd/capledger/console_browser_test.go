@@ -996,6 +996,22 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.noConsoleErrors(false)
 }
 
+// TestConsoleBrowserKeepsTheQuery: a link to the bare /ui with a query
+// string (and a page after #) opens the console with both, through the
+// real redirect to /ui/ over a real socket: the query is not dropped.
+func TestConsoleBrowserKeepsTheQuery(t *testing.T) {
+	t.Parallel()
+	chromiumPath(t)
+	base := startInProcess(t)
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui?x=1&who=tenant%207#tenants"))
+	b.waitRendered("tenants")
+	if got := b.eval(`location.pathname + location.search + location.hash`); got != "/ui/?x=1&who=tenant%207#tenants" {
+		t.Errorf("/ui?x=1&who=tenant%%207#tenants opened %s, want /ui/?x=1&who=tenant%%207#tenants", got)
+	}
+	b.noConsoleErrors(false)
+}
+
 // TestConsoleBrowserBacklogBeforeTheResolversFirstScan: with
 // --resolver-config the overdue count is known only after the resolver's
 // first complete scan (the API's resolverScanned, the metric left out

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
 
@@ -94,9 +95,9 @@ To edit a live policy, get its active generation, edit, publish:
   capledger policy get 3 --format yaml > tenant-7.yaml
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
 What get prints of the active generation publishes unchanged in either
-form (a replay of it). The yaml form leaves out a maxReservation equal to
-its burst (the default), so it follows the burst as edited; the json form
-writes it always (change it with the burst, or delete its line). A file also takes the API's JSON spellings (rollout
+form (a replay of it). Both forms leave out a maxReservation equal to its
+burst (the default), so it follows the burst as edited; one below the
+burst is written and kept. A file also takes the API's JSON spellings (rollout
 ROLLOUT_MODE_SHADOW, int64s as strings: "1000") and ignores the fields the
 server sets (publishedAt, active, rolledBack, rolloutNow). Its "generation"
 is the one it was edited from: publish refuses it (exit 4, reason
@@ -194,7 +195,33 @@ func runPolicyGet(ctx context.Context, e *env, args []string) error {
 		_, err = e.stdout.Write(out)
 		return err
 	}
-	return printJSON(e.stdout, msg.GetPolicy())
+	return printJSON(e.stdout, policyRecordToEdit(msg.GetPolicy()))
+}
+
+// policyRecordToEdit is p, the API's record, as policy get prints it in
+// JSON: every dimension's maxReservation equal to its burst left out, as
+// the yaml form leaves it out (writtenMaxReservation), so that a burst
+// edited alone in either form is published with the maxReservation
+// following it. Publishing the record unchanged is still a replay: the
+// server gives a maxReservation left out the burst.
+func policyRecordToEdit(p *v1.Policy) *v1.Policy {
+	edited := proto.Clone(p).(*v1.Policy)
+	for _, d := range edited.GetDimensions() {
+		d.MaxReservation = writtenMaxReservation(d)
+	}
+	return edited
+}
+
+// writtenMaxReservation is the maxReservation policy get writes for d: 0
+// (left out) when it equals the burst, the default a file that leaves it
+// out gets; written, it would pin the old burst, and a file whose burst
+// alone was lowered would be refused (maxReservation above burst). One
+// below the burst is written.
+func writtenMaxReservation(d *v1.Dimension) int64 {
+	if d.GetMaxReservation() == d.GetBurst() {
+		return 0
+	}
+	return d.GetMaxReservation()
 }
 
 func runPolicyList(ctx context.Context, e *env, args []string) error {
@@ -484,10 +511,7 @@ func parsePolicyFile(name string, data []byte) (*v1.Policy, uint64, error) {
 // policyFileOf renders a published policy in the file form, so that it can
 // be edited and published again: with its generation, which publish then
 // sends as the generation the file was edited from. A dimension's
-// maxReservation equal to its burst, the default a file that leaves it out
-// gets, is left out: written, it would pin the old burst, and a file whose
-// burst alone was lowered would be refused (maxReservation above burst).
-// Left out, it follows the burst as edited; one below the burst is written.
+// maxReservation equal to its burst is left out (writtenMaxReservation).
 func policyFileOf(p *v1.Policy) policyFile {
 	f := policyFile{
 		Schema:          p.GetSchema(),
@@ -512,11 +536,9 @@ func policyFileOf(p *v1.Policy) policyFile {
 		f.Dimensions = append(f.Dimensions, dimensionFile{
 			Unit: d.GetUnit(), Burst: yamlfile.Int64(d.GetBurst()), RefillUnits: yamlfile.Int64(d.GetRefillUnits()),
 			RefillInterval: fileDurationOf(d.GetRefillInterval()),
+			MaxReservation: yamlfile.Int64(writtenMaxReservation(d)),
 			MaxOverdraft:   yamlfile.Int64(d.GetMaxOverdraft()),
 		})
-		if d.GetMaxReservation() != d.GetBurst() {
-			f.Dimensions[len(f.Dimensions)-1].MaxReservation = yamlfile.Int64(d.GetMaxReservation())
-		}
 	}
 	return f
 }

@@ -228,65 +228,85 @@ func TestPolicyFileTakesTheAPISpellings(t *testing.T) {
 	}
 }
 
-// The documented edit (get the active generation as YAML, change one
-// term, publish) works for a burst lowered as for one raised, through the
-// real binary against a real serve: a maxReservation equal to the burst
-// (the default of a file that leaves it out) is not written, so it
-// follows the burst as edited instead of pinning the old one (a lowered
-// burst below it was refused). One below the burst is written and kept.
-func TestPolicyGetYAMLLetsTheBurstAloneBeEdited(t *testing.T) {
+// The documented edit (get the active generation, change one term,
+// publish) works for a burst lowered as for one raised, in either form
+// policy get prints (the API's JSON and --format yaml), through the real
+// binary against a real serve: a maxReservation equal to the burst (the
+// default of a file that leaves it out) is not written, so it follows the
+// burst as edited instead of pinning the old one (a lowered burst below
+// it was refused). One below the burst is written and kept.
+func TestPolicyGetLetsTheBurstAloneBeEdited(t *testing.T) {
 	bin := buildBinary(t)
-	srv := startServer(t, bin, t.TempDir())
-	dir := t.TempDir()
-	run := func(want int, args ...string) string {
-		t.Helper()
-		code, out, errOut := policyCLI(t, bin, srv.url, args...)
-		wantExit(t, want, code, out, errOut)
-		return out
-	}
-	run(exitOK, "policy", "publish", writeFile(t, dir, "tenant-7.yaml", policyWithEveryField))
-	gotYAML := run(exitOK, "policy", "get", "1", "--format", "yaml")
-	if !strings.Contains(gotYAML, "maxReservation: 800") || strings.Count(gotYAML, "maxReservation") != 1 {
-		t.Errorf("policy get wrote maxReservation other than once, for the tokens' 800 below their burst:\n%s", gotYAML)
-	}
-	for _, edit := range []struct{ from, to string }{
-		{"burst: 10\n", "burst: 4\n"},     // requests, lowered
-		{"burst: 4\n", "burst: 20\n"},     // raised again
-		{"burst: 5\n", "burst: 3\n"},      // images, lowered
-		{"burst: 1000\n", "burst: 900\n"}, // tokens, lowered, still above their maxReservation
+	for _, form := range []struct {
+		name, file string
+		args       []string
+		// term is how the form writes a dimension's integer field.
+		term func(field string, value int) string
+	}{
+		{"yaml", "edited.yaml", []string{"--format", "yaml"}, func(field string, value int) string { return fmt.Sprintf("%s: %d\n", field, value) }},
+		{"json", "edited.json", nil, func(field string, value int) string { return fmt.Sprintf("%q: \"%d\"", field, value) }},
 	} {
-		gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
-		active := gen[len(gen)-1].(map[string]any)["generation"].(string)
-		before := run(exitOK, "policy", "get", active, "--format", "yaml")
-		edited := strings.Replace(before, edit.from, edit.to, 1)
-		if edited == before {
-			t.Fatalf("no %q in generation %s's file:\n%s", edit.from, active, before)
-		}
-		published := publishedPolicy(t, run(exitOK, "policy", "publish", writeFile(t, dir, "edited.yaml", edited)))
-		for _, d := range published["dimensions"].([]any) {
-			dim := d.(map[string]any)
-			if dim["unit"] == "tokens" && dim["maxReservation"] != "800" {
-				t.Errorf("after %q: the tokens' maxReservation is %v, want 800 kept", edit.to, dim["maxReservation"])
+		t.Run(form.name, func(t *testing.T) {
+			srv := startServer(t, bin, t.TempDir())
+			dir := t.TempDir()
+			run := func(want int, args ...string) string {
+				t.Helper()
+				code, out, errOut := policyCLI(t, bin, srv.url, args...)
+				wantExit(t, want, code, out, errOut)
+				return out
 			}
-			if dim["unit"] != "tokens" && dim["maxReservation"] != dim["burst"] {
-				t.Errorf("after %q: %v's maxReservation %v, want its burst %v", edit.to, dim["unit"], dim["maxReservation"], dim["burst"])
+			get := func(generation string) string {
+				t.Helper()
+				return run(exitOK, append([]string{"policy", "get", generation}, form.args...)...)
 			}
-		}
-	}
-	// Lowered below it, the tokens' own maxReservation is refused naming
-	// it (ErrorDetail.field) and its line in the file, and nothing is
-	// published.
-	gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
-	active := gen[len(gen)-1].(map[string]any)["generation"].(string)
-	before := run(exitOK, "policy", "get", active, "--format", "yaml")
-	below := writeFile(t, dir, "below.yaml", strings.Replace(before, "burst: 900\n", "burst: 500\n", 1))
-	line := 1 + strings.Count(before[:strings.Index(before, "maxReservation: 800")], "\n")
-	code, out, errOut := policyCLI(t, bin, srv.url, "policy", "publish", below)
-	if code != exitUsage || !strings.Contains(errOut, "policy.dimensions[0].maxReservation 800 is outside (0, burst 500]") ||
-		!strings.Contains(errOut, fmt.Sprintf("%s line %d: dimensions[0].maxReservation", below, line)) {
-		t.Errorf("burst lowered below an explicit maxReservation: exit %d, want %d naming the field and line %d of the file\n%s%s", code, exitUsage, line, out, errOut)
-	}
-	if again := run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"); !strings.Contains(again, `"generation": "`+active+`"`) || strings.Count(again, `"generation"`) != len(gen) {
-		t.Errorf("the refused file published something:\n%s", again)
+			activeGeneration := func() ([]any, string) {
+				t.Helper()
+				gen := publishedPolicy(t, run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"))["policies"].([]any)
+				return gen, gen[len(gen)-1].(map[string]any)["generation"].(string)
+			}
+			run(exitOK, "policy", "publish", writeFile(t, dir, "tenant-7.yaml", policyWithEveryField))
+			got := get("1")
+			if !strings.Contains(got, form.term("maxReservation", 800)) || strings.Count(got, "maxReservation") != 1 {
+				t.Errorf("policy get wrote maxReservation other than once, for the tokens' 800 below their burst:\n%s", got)
+			}
+			for _, edit := range []struct{ from, to int }{
+				{10, 4},     // requests, lowered
+				{4, 20},     // raised again
+				{5, 3},      // images, lowered
+				{1000, 900}, // tokens, lowered, still above their maxReservation
+			} {
+				_, active := activeGeneration()
+				before := get(active)
+				edited := strings.Replace(before, form.term("burst", edit.from), form.term("burst", edit.to), 1)
+				if edited == before {
+					t.Fatalf("no burst %d in generation %s's file:\n%s", edit.from, active, before)
+				}
+				published := publishedPolicy(t, run(exitOK, "policy", "publish", writeFile(t, dir, form.file, edited)))
+				for _, d := range published["dimensions"].([]any) {
+					dim := d.(map[string]any)
+					if dim["unit"] == "tokens" && dim["maxReservation"] != "800" {
+						t.Errorf("after burst %d: the tokens' maxReservation is %v, want 800 kept", edit.to, dim["maxReservation"])
+					}
+					if dim["unit"] != "tokens" && dim["maxReservation"] != dim["burst"] {
+						t.Errorf("after burst %d: %v's maxReservation %v, want its burst %v", edit.to, dim["unit"], dim["maxReservation"], dim["burst"])
+					}
+				}
+			}
+			// Lowered below it, the tokens' own maxReservation is refused
+			// naming it (ErrorDetail.field) and its line in the file, and
+			// nothing is published.
+			gen, active := activeGeneration()
+			before := get(active)
+			below := writeFile(t, dir, "below."+form.name, strings.Replace(before, form.term("burst", 900), form.term("burst", 500), 1))
+			line := 1 + strings.Count(before[:strings.Index(before, form.term("maxReservation", 800))], "\n")
+			code, out, errOut := policyCLI(t, bin, srv.url, "policy", "publish", below)
+			if code != exitUsage || !strings.Contains(errOut, "policy.dimensions[0].maxReservation 800 is outside (0, burst 500]") ||
+				!strings.Contains(errOut, fmt.Sprintf("%s line %d: dimensions[0].maxReservation", below, line)) {
+				t.Errorf("burst lowered below an explicit maxReservation: exit %d, want %d naming the field and line %d of the file\n%s%s", code, exitUsage, line, out, errOut)
+			}
+			if again := run(exitOK, "policy", "list", "--route", "chat.generate", "--region", "eu-west"); !strings.Contains(again, `"generation": "`+active+`"`) || strings.Count(again, `"generation"`) != len(gen) {
+				t.Errorf("the refused file published something:\n%s", again)
+			}
+		})
 	}
 }

@@ -58,7 +58,10 @@ stands. end ends the rollout: its routes go back to their policies' own
 "rollout:" modes (on every replica within a second) and may join another
 rollout; an ended rollout takes no more steps, and list and get still show
 it with its history. Every step is recorded with the token's name and the
-time (get shows the history). NAME may be left out when there is one
+time (get shows the history). A new rollout's NAME is 1 to 128 ASCII
+letters, digits, '.', '_' and '-' (create refuses "bad name!": exit 1,
+reason INVALID_ROLLOUT); a rollout created under another name by an older
+server is still named by it. NAME may be left out when there is one
 rollout that has not ended. create, set, undo and end need an admin token;
 list, get and report a viewer or admin token.
 

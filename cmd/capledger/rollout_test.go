@@ -15,6 +15,8 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/internal/testport"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // A rollback drains to zero across a restart, on a real SQLite data
@@ -369,13 +371,83 @@ func TestLegacyCarveNegativeTTLNamed(t *testing.T) {
 	}
 }
 
-// The API accepts any UTF-8 text without a NUL byte as a subject, route,
-// region or rollout name, line ends included. The CLI's text tables show
-// such a name quoted with Go's escapes, so that it cannot split a row:
-// every row of `rollout list`, `rollout get` and the drain table of
-// `rollback` is one line, and the name reads back escaped.
+// storedRollouts writes rollouts into a new SQLite database at path
+// straight through the store, past the create rule (as a rollout created
+// before ledger.NewRolloutNameProblem held its name to ledger.NameProblem
+// is stored), for a serve started on it with --store sqlite:path.
+func storedRollouts(t *testing.T, path string, rollouts ...ledger.Rollout) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for i := range rollouts {
+		if err := st.RolloutPut(ctx, &rollouts[i]); err != nil {
+			t.Fatalf("store rollout %q: %v", rollouts[i].Name, err)
+		}
+	}
+}
+
+// storedRollout is a rollout named name of routes (by route, at 0%) as a
+// create at t0 stored it.
+func storedRollout(name string, routes ...ledger.RouteKey) ledger.Rollout {
+	return ledger.Rollout{Name: name, By: ledger.RolloutByRoute, Routes: routes, Version: 1,
+		Steps: []ledger.RolloutStep{{Seq: 1, Action: ledger.RolloutCreated, At: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}}}
+}
+
+// rollout create refuses a name that is not one word of ASCII letters,
+// digits, '.', '_' and '-' (1 to 128 bytes) with INVALID_ROLLOUT naming
+// the field, and creates nothing; a rollout stored under such a name
+// before the rule (here "bad name!", written into the database serve
+// opens) is still read, stepped, undone and ended by its name.
+func TestRolloutCreateRefusesNamesThatAreNotWords(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "capledger.db")
+	storedRollouts(t, db, storedRollout("bad name!", ledger.RouteKey{Route: "embed.create", Region: ledger.DefaultRegion}))
+	url := startInProcess(t, "--store", "sqlite:"+db)
+	run := cliExpecting(t, url)
+	for _, c := range []struct{ name, says string }{
+		{"bad name!", "name holds ' ' at byte 3: use only ASCII letters, digits, '.', '_' and '-'"},
+		{"q3,enforce", "name holds ',' at byte 2: use only ASCII letters, digits, '.', '_' and '-'"},
+		{"two\nlines", `name holds '\n' at byte 3: use only ASCII letters, digits, '.', '_' and '-'`},
+		{"", "name is empty"},
+		{strings.Repeat("r", 129), "name is 129 bytes long; at most 128"},
+	} {
+		_, errOut := run(exitUsage, "rollout", "create", c.name, "--routes", "chat.generate")
+		if !strings.Contains(errOut, "invalid_argument: "+c.says+"; reason INVALID_ROLLOUT") {
+			t.Errorf("rollout create %q said %q, want %q with reason INVALID_ROLLOUT", c.name, errOut, c.says)
+		}
+	}
+	if out, _ := run(exitOK, "rollout", "list"); strings.Contains(out, "chat.generate") {
+		t.Errorf("a refused name created a rollout:\n%s", out)
+	}
+	run(exitOK, "rollout", "create", "q3-enforce_2026.12", "--routes", "chat.generate")
+
+	if out, _ := run(exitOK, "rollout", "get", "bad name!"); !strings.Contains(out, "rollout bad name!: 0% by route") {
+		t.Errorf("rollout get of the stored name:\n%s", out)
+	}
+	run(exitOK, "rollout", "set", "bad name!", "--percent", "100")
+	run(exitOK, "rollout", "undo", "bad name!")
+	if out, _ := run(exitOK, "rollout", "end", "bad name!"); !strings.Contains(out, "ended") {
+		t.Errorf("rollout end of the stored name:\n%s", out)
+	}
+	if out, _ := run(exitOK, "rollout", "list"); !regexpLine(out, `^bad name!\s+route\s+ended\s`) {
+		t.Errorf("rollout list after the end:\n%s", out)
+	}
+}
+
+// The API accepts any UTF-8 text without a NUL byte as a subject, route
+// or region, line ends included, and reads a rollout stored under such a
+// name (created before new rollout names were held to letters, digits,
+// '.', '_' and '-'). The CLI's text tables show such a name quoted with
+// Go's escapes, so that it cannot split a row: every row of `rollout
+// list`, `rollout get` and the drain table of `rollback` is one line, and
+// the name reads back escaped.
 func TestCLITablesQuoteNamesWithLineEnds(t *testing.T) {
-	url := startInProcess(t)
+	db := filepath.Join(t.TempDir(), "capledger.db")
+	storedRollouts(t, db, storedRollout("two\nlines", ledger.RouteKey{Route: "chat\ngenerate", Region: ledger.DefaultRegion}))
+	url := startInProcess(t, "--store", "sqlite:"+db)
 	run := func(args ...string) string {
 		t.Helper()
 		code, out, errOut := cli(t, url, args...)
@@ -388,7 +460,6 @@ func TestCLITablesQuoteNamesWithLineEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	run("policy", "publish", path) // generation 1
-	run("rollout", "create", "two\nlines", "--routes", "chat\ngenerate")
 	oneRow := func(out, row string) {
 		t.Helper()
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")

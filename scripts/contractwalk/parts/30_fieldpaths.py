@@ -61,3 +61,13 @@ fp('receipts[0].state RESERVED', 'ReconcileShard', RC([rel("a", "RESERVED")]),
    'receipts[0].state is RESERVED (receipt a): release unstarted holds before reconciling', 'INVALID_COMMAND')
 fp('receipts[0].reservedUnits negative', 'ReconcileShard', RC([{"reservationId": "a", "state": "RESERVATION_STATE_RELEASED", "reservedUnits": {"tokens": -1}}]),
    'receipts[0].reservedUnits: "tokens" is negative (-1)', 'INVALID_COMMAND')
+# A new rollout's name is one word (API.md, CreateRollout); SetRolloutShare
+# names its percent, IssueShard a legacy limiter's gatewayId.
+fp('rollout name not a word (CreateRollout)', 'CreateRollout', R({"name": "bad name!", "hashBy": "route", "routes": [{"route": "r"}]}),
+   "name holds ' ' at byte 3: use only ASCII letters, digits, '.', '_' and '-'", 'INVALID_ROLLOUT')
+fp('rollout percent above 100', 'SetRolloutShare', RS('SetRolloutShare', {"name": "fp" + RUN, "percent": 100.5}),
+   'percent 100.5: want 0 to 100 in steps of 0.01 (at most two decimals)', 'INVALID_ROLLOUT')
+s, j, h, b = P({"subject": sub, "route": "r", "dimensions": [T]}); check('policy for the shard refusal', s == 200, b[:300])
+fp('gatewayId of a legacy limiter (IssueShard)', 'IssueShard',
+   call('IssueShard', {"shardId": "fp" + RUN, "subject": sub, "route": "r", "units": {"tokens": 1}, "gatewayId": "legacy:old", "bootEpoch": 1, "ttl": "60s"}, svc='ShardService'),
+   'gatewayId "legacy:old" names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard', 'INVALID_COMMAND')
