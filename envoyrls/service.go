@@ -687,9 +687,10 @@ func freshReserve(it *item) bool {
 
 // leftAfterRelease sets limit_remaining of the descriptors of several
 // whose reserves ran now, by account and unit: what the request's last
-// reserve there left, plus every unit the request released there (a
-// refused request's holds, probes). A descriptor's own reserve result
-// predates the reserves after it and the releases.
+// reserve there left, plus every unit the request's holds there gave back
+// (givenBack: a refused request's holds, probes, and what became of a hold
+// the release found overtaken), never below 0. A descriptor's own reserve
+// result predates the reserves after it and the releases.
 func leftAfterRelease(items []item) {
 	// At most maxDescriptors, usually two or three: pairwise, with no
 	// allocation.
@@ -706,12 +707,36 @@ func leftAfterRelease(items []item) {
 				continue
 			}
 			last = max(last, j)
-			if releasedNow(other) {
-				back += other.cmds[0].Units[other.view.dim]
-			}
+			back += givenBack(other)
 		}
-		it.left, it.leftSet = items[last].results[0].Available[it.view.dim]+back, true
+		it.left, it.leftSet = max(items[last].results[0].Available[it.view.dim]+back, 0), true
 	}
+}
+
+// givenBack is what a descriptor's hold, reserved now, gave back to its
+// account by the time the request was answered: the whole hold when the
+// request released it (releasedNow), or, when the release found it
+// overtaken (releaseOvertaken), what that left there: the whole hold once
+// expiry took it, the hold less the usage once the call after the stream
+// settled it (less than nothing when the usage went beyond the hold: it
+// took more), nothing while it is started. A replayed reserve (a second
+// descriptor under the same id) gave nothing of its own.
+func givenBack(it *item) int64 {
+	dim := it.view.dim
+	if releasedNow(it) {
+		return it.cmds[0].Units[dim]
+	}
+	if !it.overtaken || it.results[0].Err != nil || it.results[0].Replayed {
+		return 0
+	}
+	r := &it.results[len(it.results)-1].Reservation
+	switch r.State {
+	case ledger.StateExpired:
+		return r.Reserved[dim]
+	case ledger.StateSettled, ledger.StateSettledWithDebt:
+		return r.Reserved[dim] - r.Actual[dim]
+	}
+	return 0
 }
 
 // hasLeft reports whether a descriptor's limit_remaining comes from its

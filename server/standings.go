@@ -51,9 +51,22 @@ type sharedStandings = sharedAnswers[standingsQuestion, standingsRanking]
 // sharedReuseFactor times its scan time), as before.
 
 // policyCommitted notes that a publish or rollback committed through s.
-func (s *Server) policyCommitted() {
-	now := time.Now()
-	s.policyCommittedAt.Store(&now)
+func (s *Server) policyCommitted() { s.noteCommit(time.Now()) }
+
+// noteCommit notes a commit at at, unless a later one is noted already:
+// handlers of two publishes answering at once may note them in either
+// order, and a ranking begun between the two commits must not be reused
+// after the later one.
+func (s *Server) noteCommit(at time.Time) {
+	for {
+		old := s.policyCommittedAt.Load()
+		if old != nil && !old.Before(at) {
+			return
+		}
+		if s.policyCommittedAt.CompareAndSwap(old, &at) {
+			return
+		}
+	}
 }
 
 // standingsNotBefore is the time a reusable ranking's scan must have

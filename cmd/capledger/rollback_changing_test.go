@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,9 @@ type policyChangingGate struct {
 	changing int64
 	polls    atomic.Int64
 	url      string
+	// retryAfter is the answers' Retry-After ("1" unless set before the
+	// first call).
+	retryAfter string
 }
 
 func newPolicyChangingGate(t *testing.T, target string, changing int64) *policyChangingGate {
@@ -33,7 +37,7 @@ func newPolicyChangingGate(t *testing.T, target string, changing int64) *policyC
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &policyChangingGate{changing: changing}
+	g := &policyChangingGate{changing: changing, retryAfter: "1"}
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	errs := connect.NewErrorWriter()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -43,7 +47,7 @@ func newPolicyChangingGate(t *testing.T, target string, changing int64) *policyC
 			if detail, err := connect.NewErrorDetail(&v1.ErrorDetail{Reason: server.ReasonPolicyChanging}); err == nil {
 				cerr.AddDetail(detail)
 			}
-			cerr.Meta().Set("Retry-After", "1")
+			cerr.Meta().Set("Retry-After", g.retryAfter)
 			_ = errs.Write(w, r, cerr)
 			return
 		}
@@ -77,5 +81,28 @@ func TestRollbackWaitKeepsWaitingWhileItsKeyChanges(t *testing.T) {
 	wantExit(t, exitUnavailable, code, out, errOut)
 	if !strings.Contains(errOut, "POLICY_CHANGING") {
 		t.Fatalf("without --wait: stderr %s; want the reason shown", errOut)
+	}
+}
+
+// A Retry-After longer than what is left of --max-wait (a server whose
+// passes take minutes, a short --max-wait) does not stretch the follow
+// past --max-wait: `rollback --wait` polls again when --max-wait is up,
+// saying so, and a poll then still POLICY_CHANGING ends it, exit 5.
+func TestRollbackWaitOnPolicyChangingEndsAtMaxWait(t *testing.T) {
+	srv := startInProcess(t)
+	publishTwoGenerations(t, srv)
+
+	gate := newPolicyChangingGate(t, srv, 1<<30) // changing throughout
+	gate.retryAfter = "3600"
+	code, out, errOut := cliWithin(t, 60*time.Second, gate.url, "rollback", "2", "--wait", "--interval", "50ms", "--max-wait", "2s", "--timeout", "5s")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	waits := regexp.MustCompile(`polling again in (\S+):`).FindAllStringSubmatch(errOut, -1)
+	if len(waits) == 0 || !strings.Contains(errOut, "POLICY_CHANGING") {
+		t.Fatalf("no wait shown for POLICY_CHANGING\nstderr: %s", errOut)
+	}
+	for _, w := range waits {
+		if d, err := time.ParseDuration(w[1]); err != nil || d > 2*time.Second {
+			t.Fatalf("polling again in %s with --max-wait 2s; want at most what is left of --max-wait\nstderr: %s", w[1], errOut)
+		}
 	}
 }

@@ -433,6 +433,7 @@ burst is counted as "blocked by burst", never hidden.
                   is a generation whose key was published to or rolled
                   back during each of the server's passes (503
                   POLICY_CHANGING), after the server's Retry-After
+                  (cut to what is left of --max-wait)
   --max-wait DUR  give up waiting after this long (default 1h; 0 polls once)
   --interval DUR  pause between polls (default 2s; 1ms to 1h); after a
                   poll that took longer, a pause as long as it took (at a
@@ -544,9 +545,11 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			// A generation whose key is published to during each of the
 			// server's passes (POLICY_CHANGING) is no failure: the follow
-			// goes on, after the server's Retry-After, until --max-wait.
+			// goes on, after the server's Retry-After, until --max-wait:
+			// a Retry-After beyond it (passes of minutes) is cut to
+			// --max-wait's end, when a last poll answers.
 			if changing, after := policyChanging(err); changing && *wait && !time.Now().After(deadline) {
-				after = max(*interval, after)
+				after = min(max(*interval, after), max(time.Until(deadline), 0).Round(time.Millisecond))
 				fmt.Fprintf(e.stderr, "its key is being published to or rolled back, polling again in %s: %v\n", after, err)
 				if err := sleepCtx(ctx, after); err != nil {
 					return err
