@@ -724,6 +724,14 @@ func (r *Resolver) settleCommand(ctx context.Context, row *ledger.Reservation, s
 		if err != nil {
 			return nil, fmt.Errorf("policy %d: %w", row.Account.Generation, err)
 		}
+		if len(st.Units) == 0 {
+			// Every unit left out is 0, as the contract says (CLIENTS.md),
+			// so it settles as zero usage; but finished work that reports
+			// no usage at all more likely comes from a broken executor
+			// than from free work: the operator should hear of it.
+			r.log.Warn("resolver: finished answer without actualUnits; settling as zero usage", "reservation", row.ID,
+				"operation", row.OperationID, "route", row.Account.Route)
+		}
 		for unit, n := range st.Units {
 			i := p.DimensionIndex(unit)
 			if i < 0 {

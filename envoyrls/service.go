@@ -583,17 +583,15 @@ func (s *Service) runSecond(ctx context.Context, items []item, answers *server.A
 		if it.unknown || len(it.results) == 0 || it.results[0].Err != nil || it.cmds[0].Kind != ledger.KindReserve {
 			continue
 		}
-		follow := it.cmds[1:]
 		if first := &it.results[0]; first.Replayed && first.Reservation.State != ledger.StateReserved && refused {
 			// A retry: its follow-ups ran in the first call (a started
 			// reservation cannot be released, a released one is done).
 			continue
 		}
-		if refused && !it.mapped.Settle && len(follow) > 0 {
-			follow = []ledger.Command{{Kind: ledger.KindRelease, ReservationID: it.rid}}
+		if refused && !it.mapped.Settle && len(it.cmds) > 1 {
 			it.released = true
 		}
-		for _, c := range follow {
+		for _, c := range it.followUps() {
 			second = append(second, c)
 			owners = append(owners, i)
 		}
@@ -1100,17 +1098,31 @@ func answeredFromID(res *ledger.Result) bool {
 	return (res.Err == nil && res.Replayed) || errors.Is(res.Err, ledger.ErrDigestMismatch)
 }
 
+// followUps are the commands run after a check's reserve, whose results
+// follow the reserve's in it.results: the planned start (and settle), or,
+// once another descriptor refused the request (released; overtaken when
+// that release found the hold taken over), the release of its hold
+// instead.
+func (it *item) followUps() []ledger.Command {
+	if it.released || it.overtaken {
+		return []ledger.Command{{Kind: ledger.KindRelease, ReservationID: it.rid}}
+	}
+	return it.cmds[1:]
+}
+
 // followErr returns the error of a follow-up command that failed for a
 // reason other than its reserve having been refused, having replayed a
 // reservation that is over (finalHold), or its release having found the
-// hold taken over (releaseOvertaken).
+// hold taken over (releaseOvertaken), named by the command that failed
+// (followUps: a release, not the start it replaced).
 func followErr(it *item) error {
 	if len(it.results) < 2 || it.results[0].Err != nil || finalHold(it) || it.overtaken {
 		return nil
 	}
+	follow := it.followUps()
 	for j := 1; j < len(it.results); j++ {
 		if err := it.results[j].Err; err != nil {
-			return connect.NewError(server.Classify(err).Code, fmt.Errorf("%s %s: %w", it.cmds[min(j, len(it.cmds)-1)].Kind, it.rid, err))
+			return connect.NewError(server.Classify(err).Code, fmt.Errorf("%s %s: %w", follow[min(j-1, len(follow)-1)].Kind, it.rid, err))
 		}
 	}
 	return nil

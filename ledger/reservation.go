@@ -197,14 +197,17 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 	}
 	if rej.err == nil || !errors.Is(rej.err, ErrAdmissionFrozen) {
 		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
+		rej.heldUp = false // admit's reason went with its error
 	}
 	*res = rej.result(ap)
+	said := rej.heldUp // res.Err says why no Retry-After is given
 	// Another of the subject's accounts may owe longer (or a, repaid,
 	// stays current while another owes): the retry-after is the slowest
 	// owing account's, so no earlier retry succeeds.
 	if unit, wait, ok := slowestOwing(b, a, ap, p, &cmd.Units, now); ok && (!owesDropped(a, ap, p) || slower(wait, res.RetryAfter)) {
 		res.Err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, unit)
 		res.Dimension, res.RetryAfter = unit, wait
+		said = false
 	}
 	if i := heldUpAtSwitch(b, a, ap, p, &cmd.Units); i >= 0 {
 		unit := p.Dimensions[i].Unit
@@ -214,6 +217,13 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 		unit := ap.Dimensions[beyond].Unit
 		res.Err = fmt.Errorf("%w: the estimate of %s fits only the burst of generation %d, once the subject is no longer frozen, so no Retry-After is given", res.Err, unit, p.Generation)
 		res.Dimension, res.RetryAfter = unit, 0
+	} else if res.RetryAfter == 0 && !said {
+		// The wait is never: the limiting unit's refill, reckoned on the
+		// deciding generation's terms (decidingRefill) or the current
+		// account's, mints nothing there.
+		if g, ok := mintsNothing(ap, p, res.Dimension); ok {
+			res.Err = fmt.Errorf("%w: generation %d refills no %s (refillUnits 0), so no Retry-After is given", res.Err, g, res.Dimension)
+		}
 	}
 	res.Generation = p.Generation
 	for i := range p.Dimensions {
@@ -227,6 +237,19 @@ func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time,
 		journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
 		b.AccountPut(a)
 	}
+}
+
+// mintsNothing returns the generation, p's first, then ap's, whose
+// policy limits unit with refillUnits 0; ok is false when both refill it
+// (or neither limits it). A frozen subject's wait in such a unit never
+// ends through refill (refuseOwing).
+func mintsNothing(ap, p *Policy, unit string) (generation uint64, ok bool) {
+	for _, q := range []*Policy{p, ap} {
+		if i := q.DimensionIndex(unit); i >= 0 && q.Dimensions[i].RefillUnits == 0 {
+			return q.Generation, true
+		}
+	}
+	return 0, false
 }
 
 // unitsAs maps units in the dimensions of policy from to the dimensions
@@ -248,6 +271,9 @@ type rejection struct {
 	err        error
 	dimension  int
 	retryAfter time.Duration
+	// heldUp: err says why no Retry-After is given (only holds ending
+	// can make room in the limiting dimension).
+	heldUp bool
 }
 
 // result is the rejection as a command's answer under policy p.
@@ -335,13 +361,14 @@ func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 			err:        fmt.Errorf("%w (%s)%s", ErrAdmissionFrozen, p.Dimensions[frozen].Unit, why),
 			dimension:  limiting,
 			retryAfter: wait,
+			heldUp:     why != "",
 		}
 	case limiting >= 0:
 		err := ErrInsufficientCapacity
 		if why != "" {
 			err = fmt.Errorf("%w%s", ErrInsufficientCapacity, why)
 		}
-		return rejection{err: err, dimension: limiting, retryAfter: wait}
+		return rejection{err: err, dimension: limiting, retryAfter: wait, heldUp: why != ""}
 	}
 	return rejection{}
 }

@@ -383,7 +383,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	if !m.GetInDebt() && key == (ledger.PolicyKey{}) {
 		q := standingsQuestion{scope: scopeKey(ctx), subject: m.GetSubject(), subjectContains: m.GetSubjectContains(),
 			route: m.GetRoute(), region: m.GetRegion(), generation: m.GetPolicyGeneration(), limit: limit}
-		ranking, err := s.standings.answer(ctx, q, s.standingsNotBefore(), func(ctx context.Context, r *standingsRanking) *connect.Error {
+		ranking, err := s.standings.answer(ctx, q, s.sharedNotBefore(), func(ctx context.Context, r *standingsRanking) *connect.Error {
 			return c.rankAll(ctx, m, limit, r)
 		})
 		if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -33,7 +32,8 @@ type sharedFairness = sharedAnswers[fairnessQuestion, *v1.GetFairnessResponse]
 
 // GetFairness implements ConsoleService.GetFairness: per group, the
 // totals over every subject and the limit subjects farthest from their
-// fair share, from one shared computation (fairness).
+// fair share, from one shared computation (fairness), not reused across
+// a publish or rollback committed through this server (sharedNotBefore).
 func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error) {
 	limit := int(req.Msg.GetLimit())
 	switch {
@@ -43,7 +43,7 @@ func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1
 		limit = defaultFairnessLimit
 	}
 	q := fairnessQuestion{scope: scopeKey(ctx), route: req.Msg.GetRoute(), limit: limit}
-	answer, cerr := c.s.fairness.answer(ctx, q, time.Time{}, func(ctx context.Context, resp **v1.GetFairnessResponse) *connect.Error {
+	answer, cerr := c.s.fairness.answer(ctx, q, c.s.sharedNotBefore(), func(ctx context.Context, resp **v1.GetFairnessResponse) *connect.Error {
 		var cerr *connect.Error
 		*resp, cerr = c.fairness(ctx, q)
 		return cerr

@@ -22,6 +22,49 @@ import (
 // DrainProgress (rollout.go) share answers this way.
 const sharedReuseFactor = 9
 
+// An answer that scans every account is read with each account's
+// deciding generation (and active or rolled-back marks) as they stood
+// when its page was read. A publish or rollback committed through this
+// server since changes which generation decides, so the ranking
+// (ListAccountStandings) and GetFairness do not reuse an answer whose
+// computation began before the last such commit (sharedNotBefore): what
+// an operator sees right after `policy publish` or `rollback` is the new
+// state. Invalidating costs nothing until such a commit, then one new
+// scan; re-reading the marks of the page's policies instead would cost
+// every answer a read of their keys' heads, the reads the sharing saves,
+// for commits an operator makes a few times a day. A commit through
+// another replica shows once the answer is no longer reused there (at
+// most sharedReuseFactor times its computation's time).
+
+// policyCommitted notes that a publish or rollback committed through s.
+func (s *Server) policyCommitted() { s.noteCommit(time.Now()) }
+
+// noteCommit notes a commit at at, unless a later one is noted already:
+// handlers of two publishes answering at once may note them in either
+// order, and an answer begun between the two commits must not be reused
+// after the later one.
+func (s *Server) noteCommit(at time.Time) {
+	for {
+		old := s.policyCommittedAt.Load()
+		if old != nil && !old.Before(at) {
+			return
+		}
+		if s.policyCommittedAt.CompareAndSwap(old, &at) {
+			return
+		}
+	}
+}
+
+// sharedNotBefore is the time a reusable answer to a scan of every
+// account (or a route's) must have begun at or after: the last publish
+// or rollback committed here (zero before any).
+func (s *Server) sharedNotBefore() time.Time {
+	if at := s.policyCommittedAt.Load(); at != nil {
+		return *at
+	}
+	return time.Time{}
+}
+
 // sharedAnswers holds, per question Q, the computation of an answer A
 // being run or still reused. Its zero value is ready to use.
 type sharedAnswers[Q comparable, A any] struct {

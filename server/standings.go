@@ -39,45 +39,10 @@ type standingsRanking struct {
 type sharedStandings = sharedAnswers[standingsQuestion, standingsRanking]
 
 // A ranking shows each standing's active and rolled-back marks as they
-// stood when its page was read. A publish or rollback committed through
-// this server since changes them, so a ranking whose scan began before
-// the last one is not reused (standingsNotBefore): the marks an operator
-// sees right after `policy publish` or `rollback` are the new ones.
-// Invalidating costs nothing until such a commit, then one new scan;
-// re-reading the marks of the page's policies instead would cost every
-// answer a read of their keys' heads, the reads the sharing saves, for
-// commits an operator makes a few times a day. A commit through another
-// replica shows once the ranking is no longer reused there (at most
-// sharedReuseFactor times its scan time), as before.
-
-// policyCommitted notes that a publish or rollback committed through s.
-func (s *Server) policyCommitted() { s.noteCommit(time.Now()) }
-
-// noteCommit notes a commit at at, unless a later one is noted already:
-// handlers of two publishes answering at once may note them in either
-// order, and a ranking begun between the two commits must not be reused
-// after the later one.
-func (s *Server) noteCommit(at time.Time) {
-	for {
-		old := s.policyCommittedAt.Load()
-		if old != nil && !old.Before(at) {
-			return
-		}
-		if s.policyCommittedAt.CompareAndSwap(old, &at) {
-			return
-		}
-	}
-}
-
-// standingsNotBefore is the time a reusable ranking's scan must have
-// begun at or after: the last publish or rollback committed here (zero
-// before any).
-func (s *Server) standingsNotBefore() time.Time {
-	if at := s.policyCommittedAt.Load(); at != nil {
-		return *at
-	}
-	return time.Time{}
-}
+// stood when its page was read, so it is not reused across a publish or
+// rollback committed through this server (sharedNotBefore, shared.go):
+// the marks an operator sees right after `policy publish` or `rollback`
+// are the new ones.
 
 // scopeKey names the caller's scope: callers with the same scope see the
 // same accounts, so they may share a ranking.

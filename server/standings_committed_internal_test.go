@@ -17,11 +17,11 @@ func TestStandingsNotBeforeKeepsTheLaterOfTwoCommits(t *testing.T) {
 	later := earlier.Add(time.Millisecond)
 	s.noteCommit(later)
 	s.noteCommit(earlier) // the earlier publish's handler got here last
-	if got := s.standingsNotBefore(); !got.Equal(later) {
-		t.Fatalf("standingsNotBefore %v after notes of %v then %v: want the later, %v", got, later, earlier, later)
+	if got := s.sharedNotBefore(); !got.Equal(later) {
+		t.Fatalf("sharedNotBefore %v after notes of %v then %v: want the later, %v", got, later, earlier, later)
 	}
 	s.noteCommit(later.Add(time.Millisecond))
-	if got := s.standingsNotBefore(); !got.Equal(later.Add(time.Millisecond)) {
-		t.Fatalf("standingsNotBefore %v: want the newest note, %v", got, later.Add(time.Millisecond))
+	if got := s.sharedNotBefore(); !got.Equal(later.Add(time.Millisecond)) {
+		t.Fatalf("sharedNotBefore %v: want the newest note, %v", got, later.Add(time.Millisecond))
 	}
 }

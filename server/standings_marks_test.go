@@ -75,3 +75,56 @@ func TestConsoleStandingsShowMarksOfARollbackOrPublishAtOnce(t *testing.T) {
 	h.rolloutOK("RollbackGenerations", `{"generations":["3"]}`, adminToken) // generation 1 decides again
 	want("after RollbackGenerations of generation 3", standings(), map[string]marks{"1": {active: true}, "2": {rolledBack: true}})
 }
+
+// GetFairness (shared between callers and reused for up to nine times its
+// computation, like the ranking) counts each subject's account of the
+// generation that decides after a rollback or a publish committed through
+// this server, even while the answer computed before it would still be
+// reused: the Fairness page polled right after `rollback` or `policy
+// publish` shows the generation that decides now.
+func TestConsoleFairnessCountsTheDecidingGenerationOfARollbackOrPublishAtOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		return &slowPages{Store: st, pause: 500 * time.Millisecond}
+	}})
+	publish := func(burst int) {
+		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"tenant-x","route":"chat.generate",
+		  "dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"3600s"}],"holdTtl":"3600s"}}`, burst), adminToken)
+	}
+	reserve := func(id string) {
+		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-x","route":"chat.generate","units":{"tokens":10}}`, id), gatewayToken)
+	}
+	// counted returns the generations of tenant-x's accounts GetFairness
+	// counts.
+	counted := func() []string {
+		t.Helper()
+		var got []string
+		for _, g := range h.consoleOK("GetFairness", `{}`, consoleViewer)["groups"].([]any) {
+			for _, s := range g.(map[string]any)["subjects"].([]any) {
+				got = append(got, fmt.Sprint(s.(map[string]any)["policyGeneration"]))
+			}
+		}
+		return got
+	}
+	want := func(when string, got []string, want string) {
+		t.Helper()
+		if fmt.Sprint(got) != "["+want+"]" {
+			t.Fatalf("%s: generations counted %v, want [%s]", when, got, want)
+		}
+	}
+	publish(100) // generation 1
+	reserve("x1")
+	publish(200) // generation 2
+	reserve("x2")
+	want("before", counted(), "2")
+
+	h.ok("RollbackPolicy", `{"generation":"2"}`, adminToken) // generation 1 decides again
+	want("after rolling generation 2 back", counted(), "1")
+
+	publish(300) // generation 3
+	reserve("x3")
+	want("after publishing generation 3", counted(), "3")
+
+	// `capledger rollback` rolls back through the RolloutService.
+	h.rolloutOK("RollbackGenerations", `{"generations":["3"]}`, adminToken) // generation 1 decides again
+	want("after RollbackGenerations of generation 3", counted(), "1")
+}
