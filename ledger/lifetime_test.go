@@ -244,15 +244,7 @@ func TestLifetimeBoundCountsDebtMovedBetweenGenerations(t *testing.T) {
 	if debtRefusals == 0 {
 		t.Fatal("no record was refused for the debt it would issue")
 	}
-	for _, generation := range generations {
-		b := c.account(generation).Balances[0]
-		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
-			"minted": b.Minted, "overdraftRepaid": b.OverdraftRepaid} {
-			if term < 0 || term > ledger.MaxLifetimeUnits {
-				t.Errorf("generation %d: %s %d is outside [0, %d]", generation, name, term, ledger.MaxLifetimeUnits)
-			}
-		}
-	}
+	termsWithinLifetime(t, c, generations)
 }
 
 // Debt that late settles forward from superseded generations is bounded
@@ -291,6 +283,14 @@ func TestLifetimeBoundCountsDebtForwardedByLateSettles(t *testing.T) {
 	if refused == 0 {
 		t.Fatal("no late settle was refused for the debt it would forward")
 	}
+	termsWithinLifetime(t, c, generations)
+}
+
+// termsWithinLifetime fails t unless every term that moves and forwards
+// add to, in the first unit of each of generations' accounts, is within
+// [0, MaxLifetimeUnits].
+func termsWithinLifetime(t *testing.T, c *checked, generations []uint64) {
+	t.Helper()
 	for _, generation := range generations {
 		b := c.account(generation).Balances[0]
 		for name, term := range map[string]ledger.Units{"overdraftIssued": b.OverdraftIssued, "retiredForMove": b.RetiredForMove,
