@@ -43,6 +43,23 @@ func (s *publishingPasses) ShardsUnreconciled(ctx context.Context, f store.Unrec
 	return s.Store.ShardsUnreconciled(ctx, f)
 }
 
+// supersedeAndKeepPublishing publishes generation 1 of tenant-a's key,
+// reserves under it and supersedes it with generation 2, then arms passes
+// to publish another generation of the key during each DrainProgress pass.
+func supersedeAndKeepPublishing(h *harness, passes *publishingPasses) {
+	policy := `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d"}]}}`
+	h.ok("PublishPolicy", fmt.Sprintf(policy, 1000), "")
+	h.ok("Reserve", reserveFor("d1", "tenant-a", 10), "")
+	h.ok("PublishPolicy", fmt.Sprintf(policy, 2000), "") // generation 2 supersedes 1
+	burst := 3000
+	passes.mu.Lock()
+	passes.publish = func() {
+		burst++
+		h.ok("PublishPolicy", fmt.Sprintf(policy, burst), "")
+	}
+	passes.mu.Unlock()
+}
+
 // DrainProgress of a superseded generation whose key is published to
 // during each of its passes answers 503 with its own reason,
 // POLICY_CHANGING, and a Retry-After, not STORE_UNAVAILABLE: nothing is
@@ -55,17 +72,7 @@ func TestDrainProgressWhileItsKeyKeepsChanging(t *testing.T) {
 				passes.Store = st
 				return passes
 			}})
-			policy := `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d"}]}}`
-			h.ok("PublishPolicy", fmt.Sprintf(policy, 1000), "")
-			h.ok("Reserve", reserveFor("d1", "tenant-a", 10), "")
-			h.ok("PublishPolicy", fmt.Sprintf(policy, 2000), "") // generation 2 supersedes 1
-			burst := 3000
-			passes.mu.Lock()
-			passes.publish = func() {
-				burst++
-				h.ok("PublishPolicy", fmt.Sprintf(policy, burst), "")
-			}
-			passes.mu.Unlock()
+			supersedeAndKeepPublishing(h, passes)
 
 			r := h.rollout("DrainProgress", `{"generations":["1"]}`, "")
 			passes.mu.Lock()
@@ -100,17 +107,7 @@ func TestDrainProgressPolicyChangingOverEveryTransport(t *testing.T) {
 		passes.Store = st
 		return passes
 	}})
-	policy := `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d"}]}}`
-	h.ok("PublishPolicy", fmt.Sprintf(policy, 1000), "")
-	h.ok("Reserve", reserveFor("d1", "tenant-a", 10), "")
-	h.ok("PublishPolicy", fmt.Sprintf(policy, 2000), "") // generation 2 supersedes 1
-	burst := 3000
-	passes.mu.Lock()
-	passes.publish = func() {
-		burst++
-		h.ok("PublishPolicy", fmt.Sprintf(policy, burst), "")
-	}
-	passes.mu.Unlock()
+	supersedeAndKeepPublishing(h, passes)
 	defer func() {
 		passes.mu.Lock()
 		passes.publish = nil

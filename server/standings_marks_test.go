@@ -31,16 +31,7 @@ func (s *slowPages) AccountsPage(ctx context.Context, f store.AccountFilter) ([]
 // would still be reused: a console polled right after `rollback` or
 // `policy publish` shows the new marks.
 func TestConsoleStandingsShowMarksOfARollbackOrPublishAtOnce(t *testing.T) {
-	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
-		return &slowPages{Store: st, pause: 500 * time.Millisecond}
-	}})
-	publish := func(burst int) {
-		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"tenant-x","route":"chat.generate",
-		  "dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"3600s"}],"holdTtl":"3600s"}}`, burst), adminToken)
-	}
-	reserve := func(id string) {
-		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-x","route":"chat.generate","units":{"tokens":10}}`, id), gatewayToken)
-	}
+	h, publish, reserve := slowTenantX(t)
 	type marks struct{ active, rolledBack bool }
 	// standings returns each generation's marks in the ranking of every
 	// account.
@@ -83,16 +74,7 @@ func TestConsoleStandingsShowMarksOfARollbackOrPublishAtOnce(t *testing.T) {
 // reused: the Fairness page polled right after `rollback` or `policy
 // publish` shows the generation that decides now.
 func TestConsoleFairnessCountsTheDecidingGenerationOfARollbackOrPublishAtOnce(t *testing.T) {
-	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
-		return &slowPages{Store: st, pause: 500 * time.Millisecond}
-	}})
-	publish := func(burst int) {
-		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"tenant-x","route":"chat.generate",
-		  "dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"3600s"}],"holdTtl":"3600s"}}`, burst), adminToken)
-	}
-	reserve := func(id string) {
-		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-x","route":"chat.generate","units":{"tokens":10}}`, id), gatewayToken)
-	}
+	h, publish, reserve := slowTenantX(t)
 	// counted returns the generations of tenant-x's accounts GetFairness
 	// counts.
 	counted := func() []string {
@@ -127,4 +109,22 @@ func TestConsoleFairnessCountsTheDecidingGenerationOfARollbackOrPublishAtOnce(t 
 	// `capledger rollback` rolls back through the RolloutService.
 	h.rolloutOK("RollbackGenerations", `{"generations":["3"]}`, adminToken) // generation 1 decides again
 	want("after RollbackGenerations of generation 3", counted(), "1")
+}
+
+// slowTenantX starts a server whose account pages each take 500 ms (so a
+// shared answer read before a commit would still be reused after it) and
+// returns it with a publish of tenant-x's policy at a burst (each a new
+// generation) and a reserve of 10 tokens under it.
+func slowTenantX(t *testing.T) (h *harness, publish func(burst int), reserve func(id string)) {
+	h = newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		return &slowPages{Store: st, pause: 500 * time.Millisecond}
+	}})
+	publish = func(burst int) {
+		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"tenant-x","route":"chat.generate",
+		  "dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"3600s"}],"holdTtl":"3600s"}}`, burst), adminToken)
+	}
+	reserve = func(id string) {
+		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-x","route":"chat.generate","units":{"tokens":10}}`, id), gatewayToken)
+	}
+	return h, publish, reserve
 }
