@@ -3,9 +3,6 @@ package main
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -32,16 +29,10 @@ type policyChangingGate struct {
 }
 
 func newPolicyChangingGate(t *testing.T, target string, changing int64) *policyChangingGate {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
 	g := &policyChangingGate{changing: changing, retryAfter: "1"}
-	proxy := httputil.NewSingleHostReverseProxy(u)
 	errs := connect.NewErrorWriter()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/DrainProgress") && g.polls.Add(1) <= g.changing {
+	g.url = proxyDrainPolls(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
+		if g.polls.Add(1) <= g.changing {
 			cerr := connect.NewError(connect.CodeUnavailable,
 				errors.New("drain progress of generation 2: its key's active generation changed during each of 4 passes; ask again"))
 			if detail, err := connect.NewErrorDetail(&v1.ErrorDetail{Reason: server.ReasonPolicyChanging}); err == nil {
@@ -52,9 +43,7 @@ func newPolicyChangingGate(t *testing.T, target string, changing int64) *policyC
 			return
 		}
 		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	g.url = srv.URL
+	})
 	return g
 }
 

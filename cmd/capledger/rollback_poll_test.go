@@ -26,23 +26,36 @@ type drainPollGate struct {
 }
 
 func newDrainPollGate(t *testing.T, target string, answered int64) *drainPollGate {
+	g := &drainPollGate{answered: answered}
+	g.url = proxyDrainPolls(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
+		if g.polls.Add(1) > g.answered {
+			http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	})
+	return g
+}
+
+// proxyDrainPolls starts a reverse proxy in front of the server at target
+// and returns its URL: DrainProgress calls go to drain, given the proxy
+// to pass them on; every other call goes straight through.
+func proxyDrainPolls(t *testing.T, target string, drain func(w http.ResponseWriter, r *http.Request, proxy http.Handler)) string {
 	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &drainPollGate{answered: answered}
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/DrainProgress") && g.polls.Add(1) > g.answered {
-			http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
+		if !strings.HasSuffix(r.URL.Path, "/DrainProgress") {
+			proxy.ServeHTTP(w, r)
 			return
 		}
-		proxy.ServeHTTP(w, r)
+		drain(w, r, proxy)
 	}))
 	t.Cleanup(srv.Close)
-	g.url = srv.URL
-	return g
+	return srv.URL
 }
 
 // cliWithin is cli with a bound on how long the command may run: a
@@ -116,27 +129,15 @@ type slowDrainPolls struct {
 }
 
 func newSlowDrainPolls(t *testing.T, target string, cost time.Duration) *slowDrainPolls {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := &slowDrainPolls{cost: cost}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasSuffix(r.URL.Path, "/DrainProgress") {
-			proxy.ServeHTTP(w, r)
-			return
-		}
+	p.url = proxyDrainPolls(t, target, func(w http.ResponseWriter, r *http.Request, proxy http.Handler) {
 		began := time.Now()
 		time.Sleep(p.cost)
 		proxy.ServeHTTP(w, r)
 		p.mu.Lock()
 		p.spans = append(p.spans, [2]time.Time{began, time.Now()})
 		p.mu.Unlock()
-	}))
-	t.Cleanup(srv.Close)
-	p.url = srv.URL
+	})
 	return p
 }
 
