@@ -64,7 +64,7 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 			// ErrReservationRetired as every other tombstone answer does.
 			return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED: %w", id, local.State, ledger.ErrReservationRetired)
 		}
-		return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED", id, local.State)
+		return nil, ranAlreadyError(&ledgerv1.Reservation{ReservationId: id, Subject: req.Subject, Route: req.Route, State: stateProto(local.State)})
 	}
 	sh := e.store.shardOf(id)
 	if sh == nil {

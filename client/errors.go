@@ -28,6 +28,10 @@ const (
 	ReasonOperationMismatch         = "OPERATION_MISMATCH"
 	ReasonLifetimeExhausted         = "ACCOUNT_LIFETIME_EXHAUSTED"
 	ReasonPolicyGenerationChanged   = "POLICY_GENERATION_CHANGED"
+	// ReasonProxyRefused is a RejectedError's reason for an HTTP 429
+	// without the ledger's RejectionDetail: something in between (a proxy,
+	// a load balancer) refused the call, not the ledger.
+	ReasonProxyRefused = "PROXY_REFUSED"
 )
 
 // Sentinel errors a *LedgerError matches with errors.Is, one per reason a
@@ -115,8 +119,10 @@ type RejectedError struct {
 	Generation uint64
 	// Dimension is the unit that did not fit, e.g. "tokens".
 	Dimension string
-	// Reason is INSUFFICIENT_CAPACITY, ADMISSION_FROZEN or
-	// RESERVATION_TOO_LARGE.
+	// Reason is the ledger's INSUFFICIENT_CAPACITY, ADMISSION_FROZEN or
+	// RESERVATION_TOO_LARGE, or ReasonProxyRefused when the 429 carried no
+	// RejectionDetail (a proxy or load balancer in between answered it:
+	// the ledger decided nothing, Dimension is empty and Generation 0).
 	Reason string
 	// RetryAfter is the ledger's conservative wait before refill alone
 	// could admit the request; 0 when no wait helps (the policy never
@@ -183,6 +189,28 @@ func (e *LedgerError) Is(target error) bool {
 	return target == ErrNotFound && e.Code == connect.CodeNotFound && e.Reason != ReasonNoPolicy
 }
 
+// ranAlreadyError is Run's answer to a request whose id already moved on
+// from RESERVED (the same request run before: a retry after a crash, as
+// docs/CLIENTS.md section 2 rule 2 asks): the work is not run again, and
+// the answer is a *LedgerError a caller can branch on, as the ledger's own
+// answer to a Start of it would be: the sentinel of res's state
+// (ErrAlreadyStarted for STARTED and USAGE_UNKNOWN, ErrAlreadySettled,
+// ErrReleased, ErrExpired), with the reservation as it is now.
+func ranAlreadyError(res *ledgerv1.Reservation) *LedgerError {
+	reason := ReasonReservationAlreadyStarted
+	switch res.GetState() {
+	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT:
+		reason = ReasonReservationAlreadySettled
+	case ledgerv1.ReservationState_RESERVATION_STATE_RELEASED:
+		reason = ReasonReservationReleased
+	case ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED, ledgerv1.ReservationState_RESERVATION_STATE_EXPIRING:
+		reason = ReasonReservationExpired
+	}
+	err := connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("reservation %s is %s, not RESERVED: a request already ran under this id; its work is not run again", res.GetReservationId(), res.GetState()))
+	return &LedgerError{Op: "run", Code: connect.CodeFailedPrecondition, Reason: reason, Reservation: res, Err: err}
+}
+
 // ReservationUnknownError says a Reserve answer was lost and the SDK could
 // not find out, within its retries and the lookup after them, whether the
 // ledger admitted the reservation (RESERVATION_UNKNOWN). The id may still be
@@ -237,7 +265,9 @@ func classify(op, id string, err error) error {
 	}
 	switch ce.Code() {
 	case connect.CodeResourceExhausted:
-		rej := &RejectedError{ReservationID: id, Reason: "INSUFFICIENT_CAPACITY", message: ce.Message()}
+		// Without a RejectionDetail the ledger did not answer: a proxy or
+		// load balancer in between refused the call (ReasonProxyRefused).
+		rej := &RejectedError{ReservationID: id, Reason: ReasonProxyRefused, message: ce.Message()}
 		found := false
 		for _, d := range ce.Details() {
 			if v, derr := d.Value(); derr == nil {
@@ -280,8 +310,9 @@ func classify(op, id string, err error) error {
 func fillRejection(rej *RejectedError, rd *ledgerv1.RejectionDetail) {
 	rej.Generation = rd.GetPolicyGeneration()
 	rej.Dimension = rd.GetLimitingDimension()
-	if rd.GetReason() != "" {
-		rej.Reason = rd.GetReason()
+	rej.Reason = rd.GetReason()
+	if rej.Reason == "" {
+		rej.Reason = "INSUFFICIENT_CAPACITY" // the ledger's detail before it carried a reason
 	}
 	if ra := rd.GetRetryAfter(); ra != nil {
 		rej.RetryAfter = ra.AsDuration()

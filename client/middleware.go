@@ -145,7 +145,9 @@ const ReservationHeader = "X-Capledger-Reservation"
 type RejectionBody struct {
 	Error string `json:"error"`
 	// Reason: INSUFFICIENT_CAPACITY, ADMISSION_FROZEN,
-	// RESERVATION_TOO_LARGE, or QUEUE_FULL (the fair queue is full).
+	// RESERVATION_TOO_LARGE, QUEUE_FULL (the fair queue is full), or
+	// PROXY_REFUSED (a proxy between the gateway and the ledger answered
+	// 429: no limiting dimension or generation).
 	Reason            string `json:"reason"`
 	LimitingDimension string `json:"limiting_dimension"`
 	PolicyGeneration  uint64 `json:"policy_generation,omitempty"`

@@ -84,6 +84,12 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     kept with zero usage (PendingUnknown) and resent; a Start never
 //     sent, the ledger unreachable, leaves the
 //     reservation to expire after its hold TTL);
+//   - a *LedgerError (Op "run") when req's id names a reservation that
+//     already moved on from RESERVED (the same request run before, retried
+//     after a crash): work is not called again; it matches the sentinel of
+//     the reservation's state (ErrAlreadyStarted for STARTED and
+//     USAGE_UNKNOWN, ErrAlreadySettled, ErrReleased, ErrExpired) and
+//     carries the reservation as it is now;
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
 //     settle answer was lost (every UNAVAILABLE answer counts as lost,
@@ -140,7 +146,7 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 	if rr.Replayed && res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
 		// The id was used before and has moved on: this request cannot run
 		// under it again.
-		return nil, fmt.Errorf("run %s: reservation is %s, not RESERVED", rr.ReservationID, res.GetState())
+		return nil, ranAlreadyError(res)
 	}
 
 	done := func(Units) {}

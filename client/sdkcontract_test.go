@@ -332,6 +332,11 @@ func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
 	if rejected.RetryAfter != 7*time.Second {
 		t.Errorf("rejection %+v: want its Retry-After of 7 s", rejected)
 	}
+	// The ledger decided nothing: the reason says who refused, and no
+	// limiting dimension or generation is made up.
+	if rejected.Reason != ReasonProxyRefused || rejected.Dimension != "" || rejected.Generation != 0 {
+		t.Errorf("rejection %+v of a proxy's plain 429: want reason %s, no dimension, no generation", rejected, ReasonProxyRefused)
+	}
 	if n := len(in.arrived()); n != 1 {
 		t.Errorf("a 429 was sent %d times, want once (never retried)", n)
 	}
