@@ -197,14 +197,12 @@ func (e *LedgerError) Is(target error) bool {
 // (ErrAlreadyStarted for STARTED and USAGE_UNKNOWN, ErrAlreadySettled,
 // ErrReleased, ErrExpired), with the reservation as it is now.
 func ranAlreadyError(res *ledgerv1.Reservation) *LedgerError {
-	reason := ReasonReservationAlreadyStarted
-	switch res.GetState() {
-	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT:
-		reason = ReasonReservationAlreadySettled
-	case ledgerv1.ReservationState_RESERVATION_STATE_RELEASED:
-		reason = ReasonReservationReleased
-	case ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED, ledgerv1.ReservationState_RESERVATION_STATE_EXPIRING:
-		reason = ReasonReservationExpired
+	reason, ended := endedReason(res.GetState())
+	switch {
+	case res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_EXPIRING:
+		reason = ReasonReservationExpired // being expired: it cannot start
+	case !ended:
+		reason = ReasonReservationAlreadyStarted
 	}
 	err := connect.NewError(connect.CodeFailedPrecondition,
 		fmt.Errorf("reservation %s is %s, not RESERVED: a request already ran under this id; its work is not run again", res.GetReservationId(), res.GetState()))

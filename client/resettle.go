@@ -341,6 +341,22 @@ func (c *Client) checkOne(s *resend) {
 	s.wait = min(2*s.wait, checkMaxWait)
 }
 
+// endedReason returns the reason of the ledger's answer to a command on a
+// reservation that ended in state: ALREADY_SETTLED (SETTLED or
+// SETTLED_WITH_DEBT), RELEASED, or EXPIRED; false for a state that has
+// not ended (EXPIRING among them: its claim may still fail).
+func endedReason(state ledgerv1.ReservationState) (string, bool) {
+	switch state {
+	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT:
+		return ReasonReservationAlreadySettled, true
+	case ledgerv1.ReservationState_RESERVATION_STATE_RELEASED:
+		return ReasonReservationReleased, true
+	case ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED:
+		return ReasonReservationExpired, true
+	}
+	return "", false
+}
+
 // endedAnswer returns, for a receipt of unknown usage and its reservation
 // as read (got), the answer a settle with the receipt would get when it
 // is final, as a *LedgerError of Op "get reservation" with got as its
@@ -350,15 +366,8 @@ func (c *Client) checkOne(s *resend) {
 // settle it (STARTED or USAGE_UNKNOWN under the receipt's operation id,
 // or not started yet).
 func endedAnswer(r OperationReceipt, got *ledgerv1.Reservation) error {
-	var reason string
-	switch got.GetState() {
-	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT:
-		reason = ReasonReservationAlreadySettled
-	case ledgerv1.ReservationState_RESERVATION_STATE_RELEASED:
-		reason = ReasonReservationReleased
-	case ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED:
-		reason = ReasonReservationExpired
-	default:
+	reason, ended := endedReason(got.GetState())
+	if !ended {
 		if op := got.GetOperationId(); op == "" || op == r.OperationID {
 			return nil
 		}

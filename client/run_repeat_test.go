@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/internal/faultproxy"
 )
 
 // A Run repeated with the id of a request that already moved on from
@@ -54,5 +56,34 @@ func TestRunRepeatedUnderAFinishedIDIsATypedAnswer(t *testing.T) {
 		if !errors.Is(err, tc.sentinel) || le.Reservation.GetState() != tc.state || le.Reservation.GetReservationId() != tc.req.ReservationID {
 			t.Fatalf("Run repeated: %v (reservation %v); want %v carrying the %s reservation", err, le.Reservation, tc.sentinel, tc.state)
 		}
+	}
+}
+
+// The same for Emergency.Run of a request the shard store served while
+// the ledger was cut off: repeated under its id, the work does not run
+// again and the answer matches ErrAlreadySettled, carrying the local
+// reservation's id and state.
+func TestEmergencyRunRepeatedUnderAFinishedIDIsATypedAnswer(t *testing.T) {
+	l := startShardLedger(t)
+	_, em := emergencyGateway(t, l, WithTimeout(2*time.Second), WithBreaker(BreakerPolicy{DetectTimeout: 200 * time.Millisecond}))
+	l.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	l.proxy.CutAll()
+	ctx := context.Background()
+	req := ReserveRequest{ReservationID: NewReservationID(), Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}
+	if _, err := em.Run(ctx, req, func(context.Context) (Units, error) { return Units{"tokens": 7}, nil }); err != nil {
+		t.Fatalf("run from the shard: %v", err)
+	}
+	if !em.store.Has(req.ReservationID) {
+		t.Fatal("the shard store did not serve the request: the check below proves nothing")
+	}
+	ran := false
+	_, err := em.Run(ctx, req, func(context.Context) (Units, error) { ran = true; return Units{"tokens": 7}, nil })
+	if ran {
+		t.Fatal("the work ran again under a local reservation that settled")
+	}
+	var le *LedgerError
+	if !errors.As(err, &le) || !errors.Is(err, ErrAlreadySettled) ||
+		le.Reservation.GetReservationId() != req.ReservationID || le.Reservation.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED {
+		t.Fatalf("Emergency.Run repeated: %T %v; want a *LedgerError matching ErrAlreadySettled with the settled local reservation", err, err)
 	}
 }

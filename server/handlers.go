@@ -14,6 +14,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
@@ -415,7 +416,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		cmd.Generation = p.Generation
 		mode, err := s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
 		if err != nil {
-			return cmd, nil, notSentError("reserve", ReasonNoPolicy, err)
+			return cmd, nil, operatingError("reserve", fmt.Errorf("%w: %w", engine.ErrNotApplied, err))
 		}
 		cmd.Rollout = mode
 		return cmd, nil, nil

@@ -692,7 +692,7 @@ func drainLeft(msg *v1.DrainProgressResponse) int64 {
 	for _, g := range msg.GetGenerations() {
 		for _, m := range []map[string]int64{g.GetReserved(), g.GetDebt(), g.GetAvailable(), g.GetUnreconciledShardUnits()} {
 			for _, v := range m {
-				n += v
+				n = ledger.SumUnits(n, v) // the server's sums are capped, not wrapped: so is this one
 			}
 		}
 	}
@@ -733,7 +733,7 @@ func (b *drainBar) line(msg *v1.DrainProgressResponse) string {
 	var rose int64
 	if b.polled || b.started {
 		if left < b.left {
-			b.drained += b.left - left
+			b.drained = ledger.SumUnits(b.drained, b.left-left)
 		} else if b.polled {
 			rose = left - b.left
 		}
