@@ -28,6 +28,9 @@ const (
 	ReasonOperationMismatch         = "OPERATION_MISMATCH"
 	ReasonLifetimeExhausted         = "ACCOUNT_LIFETIME_EXHAUSTED"
 	ReasonPolicyGenerationChanged   = "POLICY_GENERATION_CHANGED"
+	// ReasonInsufficientCapacity is the ledger's reason for an estimate
+	// that does not fit now (a RejectedError's, and a shadow rejection's).
+	ReasonInsufficientCapacity = "INSUFFICIENT_CAPACITY"
 	// ReasonProxyRefused is a RejectedError's reason for an HTTP 429
 	// without the ledger's RejectionDetail: something in between (a proxy,
 	// a load balancer) refused the call, not the ledger.
@@ -310,7 +313,7 @@ func fillRejection(rej *RejectedError, rd *ledgerv1.RejectionDetail) {
 	rej.Dimension = rd.GetLimitingDimension()
 	rej.Reason = rd.GetReason()
 	if rej.Reason == "" {
-		rej.Reason = "INSUFFICIENT_CAPACITY" // the ledger's detail before it carried a reason
+		rej.Reason = ReasonInsufficientCapacity // the ledger's detail before it carried a reason
 	}
 	if ra := rd.GetRetryAfter(); ra != nil {
 		rej.RetryAfter = ra.AsDuration()

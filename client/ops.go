@@ -166,7 +166,7 @@ func reserveResult(id, digest string, attempts int, m *ledgerv1.ReserveResponse)
 		ShadowRejected: m.GetShadowRejected(),
 	}
 	if r.ShadowRejected {
-		r.ShadowRejection = &RejectedError{ReservationID: id, Reason: "INSUFFICIENT_CAPACITY"}
+		r.ShadowRejection = &RejectedError{ReservationID: id, Reason: ReasonInsufficientCapacity}
 		if d := m.GetShadowRejection(); d != nil {
 			fillRejection(r.ShadowRejection, d)
 		}
@@ -546,7 +546,7 @@ func itemError(op, id string, ie *ledgerv1.ItemError) error {
 		return &LedgerError{Op: op, Code: connect.CodeUnknown, Err: errors.New("batch item has neither outcome nor error")}
 	}
 	if ie.GetRejection() != nil || ie.GetCode() == "resource_exhausted" {
-		rej := &RejectedError{ReservationID: id, Reason: "INSUFFICIENT_CAPACITY", message: ie.GetMessage()}
+		rej := &RejectedError{ReservationID: id, Reason: ReasonInsufficientCapacity, message: ie.GetMessage()}
 		if d := ie.GetRejection(); d != nil {
 			fillRejection(rej, d)
 		}
